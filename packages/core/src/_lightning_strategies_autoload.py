@@ -1,0 +1,75 @@
+"""Start-up hook of lightning-strategies, run by ``lightning_strategies_autoload.pth``.
+
+It must cost next to nothing in every Python process, so it imports only ``sys`` and ``os`` and
+does one thing: when Lightning's strategy registries (or connectors) are imported, it hands them
+to ``lightning_strategies.activation``, which fills them with lazy entries. Nothing else of
+ours is imported until then. ``LIGHTNING_STRATEGIES_AUTOLOAD=0`` turns it off.
+"""
+
+import os
+import sys
+
+WATCHED_MODULES = frozenset(
+    {
+        "lightning.pytorch.strategies",
+        "pytorch_lightning.strategies",
+        "lightning.fabric.strategies",
+        "lightning_fabric.strategies",
+        "lightning.pytorch.trainer.connectors.accelerator_connector",
+        "pytorch_lightning.trainer.connectors.accelerator_connector",
+        "lightning.fabric.connector",
+        "lightning_fabric.connector",
+    }
+)
+
+
+class _ActivatingLoader:
+    """Runs the real loader, then activation for the module it just executed."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            from lightning_strategies.activation import on_lightning_import
+        except Exception as error:  # never break Lightning's own import
+            sys.stderr.write(f"lightning-strategies: activation unavailable: {error!r}\n")
+            return
+        on_lightning_import(module.__name__, module)
+
+
+class _Watcher:
+    """A meta-path finder that answers only for WATCHED_MODULES, wrapping the real spec's loader."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in WATCHED_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ActivatingLoader(spec.loader)
+                return spec
+        return None
+
+
+_watcher = _Watcher()
+
+
+def install():
+    """Watch for Lightning's registries (idempotent)."""
+    if _watcher not in sys.meta_path:
+        sys.meta_path.insert(0, _watcher)
+
+
+if os.environ.get("LIGHTNING_STRATEGIES_AUTOLOAD", "1") != "0":
+    install()

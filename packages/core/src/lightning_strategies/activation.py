@@ -1,0 +1,172 @@
+"""Making registered names work in Lightning without an import of ours.
+
+Lightning reads its strategy registries when a Trainer or Fabric is built, and never loads
+entry points. When one of its registries is imported, we add a lazy factory for every name of
+ours (the class is imported only when the name is resolved), and placeholders that explain
+names of our packages that are not installed. When a connector is imported, we wrap two of its
+steps so an unknown name gets close matches, and capability metadata is checked before the
+strategy class is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from types import ModuleType
+from typing import Any
+
+from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
+from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES
+from lightning_strategies.registry import StrategyRegistry, clash_message, get_registry
+
+log = logging.getLogger(__name__)
+
+# registry module -> (namespace, registry attribute)
+_REGISTRY_MODULES = {
+    "lightning.pytorch.strategies": ("lightning.pytorch", "StrategyRegistry"),
+    "pytorch_lightning.strategies": ("pytorch_lightning", "StrategyRegistry"),
+    "lightning.fabric.strategies": ("lightning.fabric", "STRATEGY_REGISTRY"),
+    "lightning_fabric.strategies": ("lightning_fabric", "STRATEGY_REGISTRY"),
+}
+# connector module -> (namespace, connector class)
+_CONNECTOR_MODULES = {
+    "lightning.pytorch.trainer.connectors.accelerator_connector": ("lightning.pytorch", "_AcceleratorConnector"),
+    "pytorch_lightning.trainer.connectors.accelerator_connector": ("pytorch_lightning", "_AcceleratorConnector"),
+    "lightning.fabric.connector": ("lightning.fabric", "_Connector"),
+    "lightning_fabric.connector": ("lightning_fabric", "_Connector"),
+}
+# Lightning refuses some built-in names on CPU by name, before any strategy exists. A plugin that
+# replaces the name replaces the strategy, so the name is taken off these lists.
+_BUILTIN_NAME_GUARDS = {
+    "lightning.pytorch.strategies": ("FSDPStrategy", "_registered_strategies"),
+    "pytorch_lightning.strategies": ("FSDPStrategy", "_registered_strategies"),
+    "lightning.fabric.connector": (None, "_FSDP_ALIASES"),
+    "lightning_fabric.connector": (None, "_FSDP_ALIASES"),
+}
+
+
+def activate() -> None:
+    """Make every registered name resolvable in Lightning, also where start-up hooks are off.
+
+    Registries already imported are filled now; the others when they are imported.
+    """
+    import _lightning_strategies_autoload
+
+    _lightning_strategies_autoload.install()
+    for module_name in _lightning_strategies_autoload.WATCHED_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            on_lightning_import(module_name, module)
+
+
+def on_lightning_import(module_name: str, module: ModuleType) -> None:
+    """Called right after Lightning executed one of the watched modules."""
+    try:
+        if module_name in _REGISTRY_MODULES:
+            namespace, attribute = _REGISTRY_MODULES[module_name]
+            fill_lightning_registry(getattr(module, attribute), namespace)
+        if module_name in _CONNECTOR_MODULES:
+            namespace, class_name = _CONNECTOR_MODULES[module_name]
+            _patch_connector(getattr(module, class_name), namespace)
+        if module_name in _BUILTIN_NAME_GUARDS:
+            _lift_builtin_name_guard(module, *_BUILTIN_NAME_GUARDS[module_name])
+    except Exception:  # activation must never break `import lightning`
+        log.exception("lightning-strategies could not activate %s; registered names may not resolve", module_name)
+
+
+class LazyStrategy:
+    """What Lightning's registry calls for one of our names: imports the class, then builds it."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        self.name = name
+        self.namespace = namespace
+
+    def __call__(self, **init_params: Any) -> Any:
+        entry = get_registry().entry(self.name)
+        return entry.load_class(self.namespace)(**init_params)
+
+    def __repr__(self) -> str:
+        return f"LazyStrategy({self.name!r}, {self.namespace!r})"
+
+
+class _Unavailable:
+    """A placeholder for a name Lightning should know but cannot use: it raises the reason."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __call__(self, **_: Any) -> Any:
+        raise self.error
+
+
+def fill_lightning_registry(lightning_registry: Any, namespace: str, registry: StrategyRegistry | None = None) -> None:
+    registry = registry or get_registry()
+    for entry in registry:
+        if entry.target_for(namespace) is None:
+            continue
+        lightning_registry.register(
+            entry.name, LazyStrategy(entry.name, namespace), description=entry.description, override=True
+        )
+        # Set directly: Lightning passes init_params on as keywords, and ours may include names
+        # (like "description") that register() itself takes.
+        lightning_registry[entry.name]["init_params"] = dict(entry.init_params)
+    for name, entries in registry.clashes().items():
+        error = StrategyConflictError(clash_message(name, entries))
+        lightning_registry.register(name, _Unavailable(error), description="unavailable: claimed twice", override=True)
+    for names in PROJECT_PACKAGES.values():
+        for name in names:
+            if name in registry or name in LIGHTNING_BUILTIN_NAMES or name in lightning_registry:
+                continue
+            error = StrategyLookupError(registry.unknown_name_message(name))
+            lightning_registry.register(name, _Unavailable(error), description="not installed")
+
+
+def _lift_builtin_name_guard(module: ModuleType, class_name: str | None, attribute: str) -> None:
+    owner = getattr(module, class_name) if class_name else module
+    guarded = getattr(owner, attribute, None)
+    if guarded is None:
+        return
+    replaced = {entry.name for entry in get_registry() if entry.replaces_builtin}
+    kept = [name for name in guarded if name not in replaced]
+    setattr(owner, attribute, type(guarded)(kept))
+
+
+def _accelerator_name(accelerator: Any) -> str | None:
+    if isinstance(accelerator, str):
+        return None if accelerator == "auto" else accelerator
+    name = type(accelerator).__name__.lower().removesuffix("accelerator")
+    return {"xla": "tpu"}.get(name, name)
+
+
+def _patch_connector(connector: type, namespace: str) -> None:
+    """Wrap the connector steps that validate the strategy flag and build the strategy."""
+    if getattr(connector, "_lightning_strategies_patched", False):
+        return
+    check_flags = connector._check_config_and_set_final_flags
+    init_strategy = connector._init_strategy
+
+    @functools.wraps(check_flags)
+    def check_config_and_set_final_flags(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return check_flags(self, *args, **kwargs)
+        except ValueError as error:
+            strategy = kwargs.get("strategy", args[0] if args else None)
+            if isinstance(strategy, str) and "invalid strategy name" in str(error):
+                lightning_names = getattr(self, "_registered_strategies", ())
+                message = get_registry().unknown_name_message(strategy.lower(), lightning_names)
+                raise StrategyLookupError(message) from error
+            raise
+
+    @functools.wraps(init_strategy)
+    def init_strategy_checked(self: Any) -> Any:
+        name = self._strategy_flag
+        if isinstance(name, str) and name in get_registry():
+            get_registry().entry(name).check_capabilities(
+                accelerator=_accelerator_name(self._accelerator_flag), precision=self._precision_flag
+            )
+        return init_strategy(self)
+
+    connector._check_config_and_set_final_flags = check_config_and_set_final_flags
+    connector._init_strategy = init_strategy_checked
+    connector._lightning_strategies_patched = True

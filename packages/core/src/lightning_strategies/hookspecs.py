@@ -1,0 +1,35 @@
+"""The hooks a strategy plugin implements: the whole contract between core and a plugin.
+
+Implementations may accept fewer arguments than a spec names (pluggy passes only those they
+ask for), so a spec can gain arguments without breaking published plugins.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from lightning_strategies.registry import PluginRegistrar
+
+PROJECT_NAME = "lightning_strategies"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def register_strategies(registry: PluginRegistrar) -> None:
+    """Register the strategy names a plugin provides.
+
+    Called once per process, the first time any name is listed or resolved. Call
+    ``registry.register(name, target, description=..., init_params={...}, **metadata)`` once per
+    name. ``target`` is a ``"module:Class"`` string (imported only when the name is resolved)
+    or a class. Keep the module holding this hook free of heavy imports: listing and
+    validating names must not import a backend.
+
+    Args:
+        registry: the registrar for the plugin being loaded; it records which distribution
+            provides each name, so clashes can name both distributions.
+    """
