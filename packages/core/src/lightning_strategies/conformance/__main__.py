@@ -1,0 +1,53 @@
+"""Entry point of one conformance run: ``python -m lightning_strategies.conformance``.
+
+Every rank runs this module (Lightning's launcher re-executes it for ranks > 0) and writes its
+own report file, so a failing rank never has to reach a collective to be heard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import warnings
+
+from lightning_strategies.conformance.suite import (
+    ConformanceSuite,
+    SuiteOptions,
+    current_rank,
+    rank_report_path,
+    results_as_dicts,
+)
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m lightning_strategies.conformance")
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--report", required=True, help="prefix of the per-rank JSON report files")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    # The report is the output; Lightning's per-run chatter would bury it.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    options = SuiteOptions(
+        strategy=arguments.strategy,
+        accelerator=arguments.accelerator,
+        devices=arguments.devices,
+        precision=arguments.precision,
+        workdir=arguments.workdir,
+    )
+    results = ConformanceSuite(options).run()
+    with open(rank_report_path(arguments.report, current_rank()), "w") as handle:
+        json.dump(results_as_dicts(results), handle, indent=1)
+    return 0 if all(result.passed for result in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
