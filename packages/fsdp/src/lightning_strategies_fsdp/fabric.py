@@ -1,0 +1,269 @@
+"""``Fabric(strategy="fsdp")`` on FSDP2, with the same arguments and checkpoints as the Trainer strategy."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.fabric.strategies.parallel import ParallelStrategy
+from lightning.fabric.strategies.strategy import _BackwardSyncControl
+from lightning.fabric.utilities.distributed import (
+    _distributed_is_initialized,
+    _get_default_process_group_backend_for_device,
+    _init_dist_connection,
+    _sync_ddp_if_available,
+)
+from lightning.fabric.utilities.distributed import group as distributed_group
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.seed import reset_seed
+from lightning_strategies.parameters import check_choice
+from lightning_strategies_fsdp import checkpoint as checkpoints
+from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
+from lightning_strategies_fsdp.sharding import build_mesh, set_gradient_sync, shard_model
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+class FSDP2FabricStrategy(ParallelStrategy):
+    """Fully Sharded Data Parallel on ``fully_shard`` for Fabric; see ``FSDP2Strategy`` for the arguments.
+
+    Set up the model before creating its optimizer: sharding replaces the parameters.
+    """
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        auto_wrap_policy: Any = None,
+        cpu_offload: Any = False,
+        mixed_precision: Any = None,
+        sharding_strategy: Any = "FULL_SHARD",
+        backward_prefetch: Any = None,
+        forward_prefetch: bool = False,
+        limit_all_gathers: bool = True,
+        use_orig_params: bool = True,
+        param_init_fn: Callable[[Module], None] | None = None,
+        sync_module_states: bool = False,
+        activation_checkpointing_policy: Any = None,
+        device_mesh: Any = None,
+        state_dict_type: str = "sharded",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+        )
+        self.options = parse_options(
+            auto_wrap_policy=auto_wrap_policy,
+            activation_checkpointing_policy=activation_checkpointing_policy,
+            cpu_offload=cpu_offload,
+            mixed_precision=mixed_precision,
+            sharding_strategy=sharding_strategy,
+            backward_prefetch=backward_prefetch,
+            forward_prefetch=forward_prefetch,
+            limit_all_gathers=limit_all_gathers,
+            use_orig_params=use_orig_params,
+            param_init_fn=param_init_fn,
+            sync_module_states=sync_module_states,
+            device_mesh=device_mesh,
+            **kwargs,
+        )
+        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout
+        self._device_mesh: DeviceMesh | None = None
+        self._num_nodes = 1
+        self._backward_sync_control = _GradientSyncControl()
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        if self._device_mesh is None:
+            raise RuntimeError("The device mesh exists once the processes are initialized (after setup_environment).")
+        return self._device_mesh
+
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        if not self.cluster_environment.creates_processes_externally:
+            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        reset_seed()
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
+        self._process_group_backend = self._process_group_backend or _get_default_process_group_backend_for_device(
+            self.root_device
+        )
+        assert self.cluster_environment is not None
+        device_id = self.root_device if self.root_device.type != "cpu" else None
+        _init_dist_connection(
+            self.cluster_environment, self._process_group_backend, timeout=self._timeout, device_id=device_id
+        )
+        self._device_mesh = build_mesh(self.options, self.root_device, self.world_size, self.num_nodes)
+
+    def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
+        raise NotImplementedError(
+            f"{STRATEGY} replaces the model's parameters when it shards them, so an optimizer created before "
+            "would update stale tensors. Set up the model first, then create and set up its optimizer: "
+            "`model = fabric.setup(model); optimizer = fabric.setup_optimizers(Adam(model.parameters()))`."
+        )
+
+    def setup_module(self, module: Module) -> Module:
+        mp_policy = self.options.mp_policy or mixed_precision_for(str(self.precision.precision))
+        return shard_model(module, self.options, self.device_mesh, self.root_device, mp_policy)
+
+    def module_to_device(self, module: Module) -> None:
+        pass  # fully_shard places each shard
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(torch.device("meta"))  # materialized shard by shard in setup_module
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
+        if isinstance(tensor, Tensor):
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if not _distributed_is_initialized():
+            return
+        if torch.distributed.get_backend() == "nccl":
+            torch.distributed.barrier(device_ids=[self.root_device.index])
+        else:
+            torch.distributed.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed_is_initialized():
+            return obj
+        container = [obj]
+        torch.distributed.broadcast_object_list(container, src, group=distributed_group.WORLD)
+        return container[0]
+
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        return checkpoints.model_state(module, full=self.state_dict_type == "full")
+
+    def save_checkpoint(
+        self,
+        path: Any,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{STRATEGY}.save_checkpoint(storage_options=...) is not supported: DCP writes the files.")
+        if filter is not None:
+            raise NotImplementedError(f"{STRATEGY}.save_checkpoint(filter=...) is not supported.")
+        path = Path(self.broadcast(str(path)))
+        model_key, model = _the_model(state)
+        full = self.state_dict_type == "full"
+        tensors: dict[str, Any] = {}
+        metadata: dict[str, Any] = {}
+        for key, value in state.items():
+            if value is model:
+                tensors[key] = checkpoints.model_state(model, full)
+            elif isinstance(value, Optimizer):
+                tensors[key] = checkpoints.optimizer_state(model, value, full)
+            else:
+                metadata[key] = value.state_dict() if hasattr(value, "state_dict") else value
+        if full:
+            checkpoints.save_full(path, {**tensors, **metadata}, self.global_rank)
+        else:
+            checkpoints.save_sharded(path, tensors, metadata, self.global_rank)
+        self.barrier()
+
+    def load_checkpoint(
+        self,
+        path: Any,
+        state: Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        if isinstance(state, Module):
+            state = {"model": state}
+        if not isinstance(state, dict) or not state:
+            raise ValueError(
+                f"{STRATEGY}.load_checkpoint needs state={{'model': model, 'optimizer': optimizer, ...}} with the "
+                f"set-up model in it, got {state!r}."
+            )
+        path = Path(self.broadcast(str(path)))
+        model_key, model = _the_model(state)
+        optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
+        rest = checkpoints.load_into(path, model, model_key, optimizers, strict=strict, weights_only=weights_only)
+        for key in list(state):
+            if key in (model_key, *optimizers) or key not in rest:
+                continue
+            if hasattr(state[key], "load_state_dict"):
+                state[key].load_state_dict(rest.pop(key))
+            else:
+                state[key] = rest.pop(key)
+        return rest
+
+
+def _the_model(state: dict[str, Any]) -> tuple[str, Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    models = [(key, value) for key, value in state.items() if isinstance(value, FSDPModule)]
+    if len(models) != 1:
+        raise ValueError(
+            f"{STRATEGY} checkpoints hold exactly one model set up with fabric.setup(); found {len(models)} in the "
+            f"state keys {sorted(state)}."
+        )
+    return models[0]
+
+
+class _GradientSyncControl(_BackwardSyncControl):
+    @contextmanager
+    def no_backward_sync(self, module: Module, enabled: bool) -> Any:
+        if not enabled:
+            yield
+            return
+        set_gradient_sync(module, False)
+        try:
+            yield
+        finally:
+            set_gradient_sync(module, True)

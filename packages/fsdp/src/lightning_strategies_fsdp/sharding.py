@@ -1,0 +1,146 @@
+"""Applying FSDP2 to a model: ``fully_shard`` bottom-up on the selected blocks, then the root.
+
+Shared by the Trainer and the Fabric strategy, and by the benchmark's by-hand baseline, so
+all three shard a model the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
+
+from lightning_strategies_fsdp.options import ShardingOptions, default_blocks, mesh_shape, selected_modules
+
+MESH_DIM_NAMES = {1: ("shard",), 2: ("replicate", "shard")}
+
+
+def build_mesh(options: ShardingOptions, device: torch.device, world_size: int, num_nodes: int) -> DeviceMesh:
+    """The data-parallel mesh: 1-D for FULL_SHARD / SHARD_GRAD_OP, 2-D (replicate, shard) otherwise."""
+    if isinstance(options.device_mesh, DeviceMesh):
+        return options.device_mesh
+    shape = mesh_shape(options, world_size, num_nodes)
+    return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIM_NAMES[len(shape)])
+
+
+def shard_model(
+    module: nn.Module,
+    options: ShardingOptions,
+    mesh: DeviceMesh,
+    device: torch.device,
+    mp_policy: Any = None,
+) -> nn.Module:
+    """Shard ``module`` in place following ``options`` and return it.
+
+    A model the user already sharded in ``configure_model`` (its root is an ``FSDPModule``) is
+    left as it is; parameters still on the meta device are materialized either way.
+    """
+    if isinstance(module, FSDPModule):
+        materialize(module, device, options.param_init_fn)
+        return module
+    if options.sync_module_states:
+        broadcast_module_states(module)
+    if options.activation_checkpointing_policy is not None:
+        apply_activation_checkpointing(module, options.activation_checkpointing_policy)
+
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "offload_policy": offload_policy_for(options, device),
+        **options.fully_shard_kwargs,
+    }
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    blocks = [
+        block
+        for block in selected_modules(module, options.auto_wrap_policy, default_blocks)
+        if not isinstance(block, FSDPModule) and not _inside_sharded(block, module)
+    ]
+    # fully_shard groups the parameters not yet claimed by a sharded submodule: innermost first.
+    for block in reversed(blocks):
+        fully_shard(block, reshard_after_forward=options.reshard_after_forward, **kwargs)
+    # The root's parameters are needed first in backward: keeping them unsharded after forward
+    # saves one all-gather, as FSDP2 does by default for the root.
+    fully_shard(module, reshard_after_forward=False, **kwargs)
+
+    sharded = [block for block in blocks if isinstance(block, FSDPModule)]
+    if options.forward_prefetch:
+        for current, following in zip(sharded, sharded[1:]):
+            current.set_modules_to_forward_prefetch([following])
+    materialize(module, device, options.param_init_fn)
+    return module
+
+
+def _inside_sharded(block: nn.Module, root: nn.Module) -> bool:
+    """True if one of the block's ancestors below the root was sharded by the user already."""
+    for module in root.modules():
+        if module is not root and module is not block and isinstance(module, FSDPModule):
+            if any(child is block for child in module.modules()):
+                return True
+    return False
+
+
+def offload_policy_for(options: ShardingOptions, device: torch.device) -> Any:
+    """Pinned host memory only exists next to an accelerator; on CPU the offload keeps plain memory."""
+    policy = options.offload_policy
+    if isinstance(policy, CPUOffloadPolicy) and device.type == "cpu" and policy.pin_memory:
+        return dataclasses.replace(policy, pin_memory=False)
+    return policy
+
+
+def broadcast_module_states(module: nn.Module) -> None:
+    """FSDP1's sync_module_states: every process starts from rank 0's parameters and buffers."""
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    with torch.no_grad():
+        for tensor in (*module.parameters(), *module.buffers()):
+            if tensor.is_meta:
+                continue  # nothing to send: it is materialized (identically) after sharding
+            dist.broadcast(tensor.data, src=0)
+
+
+def apply_activation_checkpointing(module: nn.Module, policy: Any) -> None:
+    """Recompute the selected blocks' activations in backward (composable ``checkpoint``, FSDP2-safe)."""
+    from torch.distributed._composable import checkpoint
+
+    for block in selected_modules(module, policy, default=None):
+        checkpoint(block)
+
+
+def has_meta_tensors(module: nn.Module) -> bool:
+    return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
+
+
+def materialize(module: nn.Module, device: torch.device, param_init_fn: Any = None) -> None:
+    """Allocate parameters created on the meta device (already sharded: each process allocates its
+    shard only) and initialize them with ``param_init_fn`` or each module's ``reset_parameters``."""
+    if not has_meta_tensors(module):
+        return
+    initializers = [
+        submodule
+        for submodule in module.modules()
+        if any(tensor.is_meta for tensor in (*submodule.parameters(recurse=False), *submodule.buffers(recurse=False)))
+    ]
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for submodule in initializers:
+            if param_init_fn is not None:
+                param_init_fn(submodule)
+            elif callable(getattr(submodule, "reset_parameters", None)):
+                submodule.reset_parameters()
+            else:
+                raise RuntimeError(
+                    f"{type(submodule).__name__} was created on the meta device but has no reset_parameters() to "
+                    "initialize it. Give it one, or pass param_init_fn=<callable(module)> to the strategy."
+                )
+
+
+def set_gradient_sync(module: nn.Module, enabled: bool) -> None:
+    """Skip (or resume) the gradient reduce-scatter, for gradient accumulation without communication."""
+    for submodule in module.modules():
+        if isinstance(submodule, FSDPModule):
+            submodule.set_requires_gradient_sync(enabled, recurse=False)

@@ -1,0 +1,309 @@
+"""``Trainer(strategy="fsdp")`` on FSDP2: ``fully_shard`` with DCP checkpoints, on CPU (gloo) and GPU.
+
+Lightning 2.6's own FSDPStrategy drives FSDP1 and refuses CPU. This strategy accepts the same
+constructor arguments (see ``options``), shards the LightningModule in ``setup`` after
+``configure_model``, and checkpoints through DCP so a checkpoint loads onto any number of
+processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager, nullcontext
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
+from torch import Tensor
+from torch.optim import Optimizer
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.distributed import (
+    _distributed_is_initialized,
+    _get_default_process_group_backend_for_device,
+    _init_dist_connection,
+    _sync_ddp_if_available,
+)
+from lightning.fabric.utilities.distributed import group as distributed_group
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.strategies.parallel import ParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_strategies.parameters import check_choice
+from lightning_strategies_fsdp import checkpoint as checkpoints
+from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
+from lightning_strategies_fsdp.sharding import build_mesh, set_gradient_sync, shard_model
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# LightningModule methods the Trainer calls instead of forward: FSDP2 must all-gather around them.
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+class FSDP2Strategy(ParallelStrategy):
+    """Fully Sharded Data Parallel on ``torch.distributed.fsdp.fully_shard`` (FSDP2).
+
+    Accepts Lightning's FSDPStrategy arguments. ``sharding_strategy`` picks the mesh and
+    resharding: FULL_SHARD (shard, reshard after forward), SHARD_GRAD_OP (keep parameters
+    gathered until backward), NO_SHARD (replicate), HYBRID_SHARD (replicate across nodes, shard
+    within; ``device_mesh=(replicas, shard size)`` overrides the layout). ``auto_wrap_policy``
+    (a set of block classes, a ``torch.distributed.fsdp.wrap`` policy or an FSDP1-style callable)
+    picks the modules sharded as their own group; by default, repeated blocks of a ModuleList or
+    Sequential. ``state_dict_type`` "sharded" saves a DCP folder, "full" a single file; either loads.
+    """
+
+    strategy_name = "fsdp"
+
+    def __init__(
+        self,
+        accelerator: pl.accelerators.Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        auto_wrap_policy: Any = None,
+        cpu_offload: Any = False,
+        mixed_precision: Any = None,
+        sharding_strategy: Any = "FULL_SHARD",
+        backward_prefetch: Any = None,
+        forward_prefetch: bool = False,
+        limit_all_gathers: bool = True,
+        use_orig_params: bool = True,
+        param_init_fn: Callable[[torch.nn.Module], None] | None = None,
+        sync_module_states: bool = False,
+        activation_checkpointing_policy: Any = None,
+        device_mesh: Any = None,
+        state_dict_type: str = "sharded",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        self.options = parse_options(
+            auto_wrap_policy=auto_wrap_policy,
+            activation_checkpointing_policy=activation_checkpointing_policy,
+            cpu_offload=cpu_offload,
+            mixed_precision=mixed_precision,
+            sharding_strategy=sharding_strategy,
+            backward_prefetch=backward_prefetch,
+            forward_prefetch=forward_prefetch,
+            limit_all_gathers=limit_all_gathers,
+            use_orig_params=use_orig_params,
+            param_init_fn=param_init_fn,
+            sync_module_states=sync_module_states,
+            device_mesh=device_mesh,
+            **kwargs,
+        )
+        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout
+        self._device_mesh: DeviceMesh | None = None
+        self.num_nodes = 1
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        if self._device_mesh is None:
+            raise RuntimeError("The device mesh exists once the processes are initialized (after setup_environment).")
+        return self._device_mesh
+
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices is not None else 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return True
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # Every process is a data-parallel rank, hybrid sharding included.
+        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
+
+    @property
+    def process_group_backend(self) -> str | None:
+        return self._process_group_backend
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        # Checkpoints load into the sharded model, so no process ever holds the whole model.
+        return True
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return False  # load_checkpoint restores the optimizers, sharded
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        if not self.cluster_environment.creates_processes_externally:
+            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        reset_seed()
+        self.set_world_ranks()
+        self._process_group_backend = self._process_group_backend or _get_default_process_group_backend_for_device(
+            self.root_device
+        )
+        assert self.cluster_environment is not None
+        device_id = self.root_device if self.root_device.type != "cpu" else None
+        _init_dist_connection(
+            self.cluster_environment, self._process_group_backend, timeout=self._timeout, device_id=device_id
+        )
+        self._device_mesh = build_mesh(self.options, self.root_device, self.world_size, self.num_nodes)
+        assert self.lightning_module is not None
+        self.lightning_module._device_mesh = self._device_mesh  # readable in configure_model
+
+    def set_world_ranks(self) -> None:
+        if self.cluster_environment is not None:
+            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
+        rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel, register_fsdp_forward_method
+
+        assert self.accelerator is not None
+        assert self.model is not None
+        self.accelerator.setup(trainer)
+        if any(isinstance(module, FullyShardedDataParallel) for module in self.model.modules()):
+            raise TypeError(
+                f"{STRATEGY} runs FSDP2 (fully_shard) and found modules wrapped in FSDP1's FullyShardedDataParallel. "
+                "Remove that wrapping (or call torch.distributed.fsdp.fully_shard in configure_model instead)."
+            )
+        self.model = self.precision_plugin.convert_module(self.model)
+        mp_policy = self.options.mp_policy or mixed_precision_for(str(self.precision_plugin.precision))
+        shard_model(self.model, self.options, self.device_mesh, self.root_device, mp_policy)
+        for method in STEP_METHODS:
+            register_fsdp_forward_method(self.model, method)
+        self.barrier()
+
+        if trainer.state.fn == TrainerFn.FITTING:
+            # Optimizers built before sharding would hold the replaced parameters: build them now.
+            self._reset_optimizers_and_schedulers()
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING and not self._offloaded:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    @property
+    def _offloaded(self) -> bool:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        return isinstance(self.options.offload_policy, CPUOffloadPolicy)
+
+    def model_to_device(self) -> None:
+        pass  # fully_shard places each shard (on the accelerator, or in host memory when offloading)
+
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # With empty_init the model is created on the meta device and materialized shard by shard in setup.
+        with torch.device("meta") if empty_init else nullcontext(), self.precision_plugin.tensor_init_context():
+            yield
+
+    @contextmanager
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        """Gradient accumulation: skip the reduce-scatter until the last micro-batch."""
+        assert self.model is not None
+        set_gradient_sync(self.model, False)
+        try:
+            yield
+        finally:
+            set_gradient_sync(self.model, True)
+
+    def barrier(self, name: str | None = None) -> None:
+        if not _distributed_is_initialized():
+            return
+        if torch.distributed.get_backend() == "nccl":
+            torch.distributed.barrier(device_ids=[self.root_device.index])
+        else:
+            torch.distributed.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed_is_initialized():
+            return obj
+        container = [obj]
+        torch.distributed.broadcast_object_list(container, src, group=distributed_group.WORLD)
+        return container[0]
+
+    def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
+        if isinstance(tensor, Tensor):
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    def teardown(self) -> None:
+        assert self.cluster_environment is not None
+        assert self.accelerator is not None
+        self.cluster_environment.teardown()
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+
+    # Checkpoints -------------------------------------------------------------------------------
+
+    @property
+    def _full_state(self) -> bool:
+        return self.state_dict_type == "full"
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        assert self.model is not None
+        return checkpoints.model_state(self.model, full=self._full_state)
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        assert self.model is not None
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        return checkpoints.optimizer_state(self.model, optimizer, full=self._full_state)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"{STRATEGY}.save_checkpoint(storage_options=...) is not supported: checkpoints are written by "
+                "torch.distributed.checkpoint, not by a CheckpointIO plugin."
+            )
+        path = Path(self.broadcast(str(filepath)))  # every process writes under rank 0's path
+        if self._full_state:
+            checkpoints.save_full(path, checkpoint, self.global_rank)
+        else:
+            tensors = {"state_dict": checkpoint.pop("state_dict")}
+            for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
+                tensors[f"optimizer_{index}"] = state
+            checkpoints.save_sharded(path, tensors, checkpoint, self.global_rank)
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        assert self.model is not None
+        assert self.lightning_module is not None
+        path = Path(self.broadcast(str(checkpoint_path)))
+        optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}
+        loaded = checkpoints.load_into(
+            path,
+            self.model,
+            "state_dict",
+            optimizers,
+            strict=self.lightning_module.strict_loading,
+            weights_only=weights_only,
+        )
+        return checkpoints.join_trainer_optimizers(loaded)
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        pass  # load_checkpoint loaded the weights into the sharded model already
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        pass  # load_checkpoint loaded the optimizer states already
