@@ -1,0 +1,177 @@
+"""Fabric's XLA strategies on torch_xla 2.9's current API (see strategy.py for the Trainer's).
+
+Subclasses of Lightning's Fabric strategies, so Fabric's connector pairs them with its XLA
+accelerator and precision, with ``torch_xla.device()`` for ``xm.xla_device()``,
+``torch_xla.sync()`` for ``xm.mark_step()`` and dtype conversion for precision env variables.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.precision.xla import XLAPrecision as LightningFabricXLAPrecision
+from lightning.fabric.strategies.single_device import SingleDeviceStrategy
+from lightning.fabric.strategies.single_xla import SingleDeviceXLAStrategy as LightningSingleDeviceXLAStrategy
+from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
+from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
+from lightning.fabric.utilities.types import _PATH, Optimizable
+from lightning_strategies.parameters import check_type
+from lightning_strategies.precision import is_stock_precision
+
+from lightning_strategies_xla.devices import import_torch_xla
+from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
+from lightning_strategies_xla.strategy import DEBUG_LEVEL, DEBUG_VARIABLE
+
+
+class XLAPrecision(DtypeConversionMixin, LightningFabricXLAPrecision):
+    """Fabric's ``"32-true"``, ``"bf16-true"`` or ``"16-true"`` on an XLA device, without env variables."""
+
+    def __init__(self, precision: str = "32-true") -> None:
+        import_torch_xla()
+        self._choose_precision(precision)
+
+    def teardown(self) -> None:
+        pass  # nothing was set in os.environ
+
+
+class _CurrentXLAMixin:
+    """Keeps our precision plugin where Fabric's connector assigns its stock one, and the debug switch."""
+
+    debug: bool
+    _precision: Any
+
+    @property
+    def precision(self) -> XLAPrecision:
+        return self._precision if self._precision is not None else XLAPrecision()
+
+    @precision.setter
+    def precision(self, plugin: Any) -> None:
+        if is_stock_precision(plugin):
+            forget_stock_environment()
+            plugin = XLAPrecision(plugin.precision)
+        if plugin is not None and not isinstance(plugin, LightningFabricXLAPrecision):
+            raise TypeError(f"The XLA strategies need an XLA precision plugin, got {type(plugin).__name__}.")
+        self._precision = plugin
+
+    def _start_debugging(self) -> None:
+        if self.debug:
+            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        if self.debug:
+            os.environ.pop(DEBUG_VARIABLE, None)
+
+
+class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
+    """Fabric's data parallel over every XLA device, one process per device (``debug``, ``sync_module_states``)."""
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        checkpoint_io: Any = None,
+        precision: XLAPrecision | None = None,
+        debug: bool = False,
+        sync_module_states: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        import_torch_xla()
+        check_type("XLAStrategy", "debug", debug, bool)
+        check_type("XLAStrategy", "sync_module_states", sync_module_states, bool)
+        if kwargs:
+            raise TypeError(f"XLAStrategy got unexpected arguments {sorted(kwargs)}; see help(XLAStrategy).")
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+            sync_module_states=sync_module_states,
+        )
+        self.debug = debug
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._launched:
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+        import torch_xla
+
+        return torch_xla.device()
+
+    def setup_environment(self) -> None:
+        self._start_debugging()
+        super().setup_environment()
+
+    def save_checkpoint(
+        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, filter: Any | None = None
+    ) -> None:
+        import torch_xla
+
+        torch_xla.sync()  # every rank runs its pending graph before rank 0 writes
+        super(LightningXLAStrategy, self).save_checkpoint(path, state, storage_options=storage_options, filter=filter)
+
+
+class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
+    """Fabric on one XLA device; ``device`` is an index (None: the first)."""
+
+    def __init__(
+        self,
+        device: int | torch.device | None = None,
+        accelerator: Any = None,
+        checkpoint_io: Any = None,
+        precision: XLAPrecision | None = None,
+        debug: bool = False,
+    ) -> None:
+        import_torch_xla()
+        check_type("SingleDeviceXLAStrategy", "debug", debug, bool)
+        self._device_index = device.index if isinstance(device, torch.device) else device
+        # Lightning's __init__ resolves the device with the deprecated xm.xla_device(); see root_device.
+        SingleDeviceStrategy.__init__(
+            self,
+            device=torch.device("xla", self._device_index or 0),
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io,
+            precision=precision,
+        )
+        self.debug = debug
+        self._xla_device: torch.device | None = None
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._xla_device is None:
+            import torch_xla
+
+            self._xla_device = torch_xla.device(self._device_index)
+        return self._xla_device
+
+    def setup_environment(self) -> None:
+        self._start_debugging()
+        super().setup_environment()
+
+
+class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
+    """torch_xla's fully sharded data parallel in Fabric; keyword arguments go to ``XlaFullyShardedDataParallel``.
+
+    Takes Lightning's parameters (``auto_wrap_policy``, ``activation_checkpointing_policy``,
+    ``state_dict_type`` "full" or "sharded", ``sequential_save``).
+    """
+
+    debug = False
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._launched:
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+        import torch_xla
+
+        return torch_xla.device()
+
+    def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
+        import torch_xla
+
+        # Sharded gradients are already reduced by XLA FSDP; only the step's graph is cut here.
+        loss = optimizer.step(**kwargs)
+        torch_xla.sync()
+        return loss

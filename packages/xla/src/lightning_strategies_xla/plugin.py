@@ -1,0 +1,41 @@
+"""Registers the XLA strategy names; imports nothing heavy (no torch, no torch_xla)."""
+
+from lightning_strategies import hookimpl
+
+_PRECISIONS = ("32-true", "bf16-true", "16-true")
+# Lightning calls its XLA accelerator "tpu", whatever the PJRT device behind it.
+_ACCELERATORS = ("tpu",)
+
+
+@hookimpl
+def register_strategies(registry):
+    common = dict(accelerators=_ACCELERATORS, precisions=_PRECISIONS, replaces_builtin=True)
+    registry.register(
+        "xla",
+        "lightning_strategies_xla.strategy:XLAStrategy",
+        description="Data parallel over all XLA devices on torch_xla 2.9, one process per device",
+        fabric_target="lightning_strategies_xla.fabric:XLAStrategy",
+        **common,
+    )
+    registry.register(
+        "xla_debug",
+        "lightning_strategies_xla.strategy:XLAStrategy",
+        description="The xla strategy with torch_xla's debug analysis on (PT_XLA_DEBUG_LEVEL)",
+        init_params={"debug": True},
+        fabric_target="lightning_strategies_xla.fabric:XLAStrategy",
+        **common,
+    )
+    registry.register(
+        "single_xla",
+        "lightning_strategies_xla.strategy:SingleDeviceXLAStrategy",
+        description="One XLA device (a TPU core, or PJRT's CPU device) on torch_xla 2.9",
+        fabric_target="lightning_strategies_xla.fabric:SingleDeviceXLAStrategy",
+        **common,
+    )
+    registry.register(
+        "xla_fsdp",
+        "lightning_strategies_xla.strategy:XLAFSDPStrategy",
+        description="Fully sharded data parallel on XLA devices (torch_xla's FSDP); Fabric only",
+        fabric_target="lightning_strategies_xla.fabric:XLAFSDPStrategy",
+        **common,
+    )

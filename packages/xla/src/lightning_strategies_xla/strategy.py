@@ -1,0 +1,178 @@
+"""The Trainer's XLA strategies on torch_xla 2.9's current API.
+
+They subclass Lightning's XLA strategies, so Lightning's connector still pairs them with the XLA
+accelerator and precision, and replace what torch_xla 2.9 deprecates or ignores:
+``xm.xla_device()`` -> ``torch_xla.device()``, ``xm.mark_step()`` -> ``torch_xla.sync()``,
+``PT_XLA_DEBUG`` -> ``PT_XLA_DEBUG_LEVEL``, and precision through env variables -> dtype conversion.
+Checkpoints go through Lightning's ``XLACheckpointIO`` (tensors moved to CPU, written by rank 0).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
+from lightning.pytorch.strategies.single_xla import SingleDeviceXLAStrategy as LightningSingleDeviceXLAStrategy
+from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
+from lightning_strategies.parameters import check_type
+from lightning_strategies.precision import OwnPrecisionMixin
+
+from lightning_strategies_xla.devices import import_torch_xla
+from lightning_strategies_xla.dtypes import forget_stock_environment
+from lightning_strategies_xla.precision import XLAPrecision
+
+# torch_xla 2.9 reads PT_XLA_DEBUG_LEVEL; the older PT_XLA_DEBUG is only looked at on import.
+DEBUG_VARIABLE = "PT_XLA_DEBUG_LEVEL"
+DEBUG_LEVEL = "2"  # the most detailed analysis: why each graph compiled and executed
+
+
+class _CurrentXLAMixin(OwnPrecisionMixin):
+    """What both strategies change in Lightning's: the precision plugin and the debug switch."""
+
+    debug: bool
+
+    def own_precision_plugin(self, precision: str) -> XLAPrecision:
+        forget_stock_environment()
+        return XLAPrecision(precision)
+
+    def setup(self, trainer: Any) -> None:
+        # Lightning's setup would set PT_XLA_DEBUG, which torch_xla 2.9 reads only when imported.
+        requested, self.debug = self.debug, False
+        if requested:
+            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
+        try:
+            super().setup(trainer)  # type: ignore[misc]
+        finally:
+            self.debug = requested
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        if self.debug:
+            os.environ.pop(DEBUG_VARIABLE, None)
+
+
+class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
+    """Data parallel over every XLA device of the host (and of the slice), one process per device.
+
+    Args:
+        debug: Turn on torch_xla's debug analysis (``PT_XLA_DEBUG_LEVEL``) while this strategy runs.
+        sync_module_states: Broadcast rank 0's parameters to every rank after the model is placed.
+    """
+
+    strategy_name = "xla"
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        checkpoint_io: Any = None,
+        precision_plugin: XLAPrecision | None = None,
+        debug: bool = False,
+        sync_module_states: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        import_torch_xla()
+        check_type("XLAStrategy", "debug", debug, bool)
+        check_type("XLAStrategy", "sync_module_states", sync_module_states, bool)
+        if kwargs:
+            raise TypeError(f"XLAStrategy got unexpected arguments {sorted(kwargs)}; see help(XLAStrategy).")
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            debug=debug,
+            sync_module_states=sync_module_states,
+        )
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._launched:
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+        import torch_xla
+
+        return torch_xla.device()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        import torch_xla
+
+        # Every rank runs its pending graph first, so no rank waits in a collective the others skipped.
+        torch_xla.sync()
+        # Skips XLAStrategy.save_checkpoint (which calls the deprecated xm.mark_step) for the
+        # rank-0 write below it.
+        super(LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+
+class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
+    """One XLA device in the Trainer's own process (a TPU core, or PJRT's CPU device).
+
+    Args:
+        device: The XLA device index (or ``torch.device("xla", index)``); None picks the first.
+        debug: Turn on torch_xla's debug analysis (``PT_XLA_DEBUG_LEVEL``) while this strategy runs.
+    """
+
+    strategy_name = "single_xla"
+
+    def __init__(
+        self,
+        device: int | torch.device | None = None,
+        accelerator: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: XLAPrecision | None = None,
+        debug: bool = False,
+    ) -> None:
+        import_torch_xla()
+        check_type("SingleDeviceXLAStrategy", "debug", debug, bool)
+        self._device_index = _device_index(device)
+        # Lightning's SingleDeviceXLAStrategy.__init__ creates the device with the deprecated
+        # xm.xla_device() at construction; its base takes a placeholder, resolved in root_device.
+        SingleDeviceStrategy.__init__(
+            self,
+            device=torch.device("xla", self._device_index or 0),
+            accelerator=accelerator,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+        )
+        self._own_precision_given = precision_plugin is not None
+        self.debug = debug
+        self._xla_device: torch.device | None = None
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._xla_device is None:
+            import torch_xla
+
+            self._xla_device = torch_xla.device(self._device_index)
+        return self._xla_device
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        import torch_xla
+
+        torch_xla.sync()  # materialise the last step's weights before they are copied to CPU
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+
+class XLAFSDPStrategy:
+    """``xla_fsdp`` in the Trainer: refused with the way forward, since only Fabric has it.
+
+    Lightning 2.6's Trainer has no XLA FSDP strategy (Lightning ships ``XLAFSDPStrategy`` for
+    Fabric only); ``Fabric(strategy="xla_fsdp")`` resolves to this package's Fabric strategy.
+    """
+
+    def __init__(self, **_: Any) -> None:
+        raise ValueError(
+            "strategy='xla_fsdp' is available in lightning.Fabric only: Lightning's Trainer has no XLA FSDP "
+            "strategy. Use Fabric(strategy='xla_fsdp', accelerator=...) for sharded XLA training, or "
+            "Trainer(strategy='xla') for data parallel training on XLA devices."
+        )
+
+
+def _device_index(device: int | torch.device | None) -> int | None:
+    if device is None or isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, torch.device) and device.type == "xla":
+        return device.index
+    raise TypeError(f"SingleDeviceXLAStrategy(device={device!r}) must be an XLA device index or torch.device('xla', i).")
