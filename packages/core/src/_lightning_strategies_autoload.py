@@ -4,6 +4,8 @@ It must cost next to nothing in every Python process, so it imports only ``sys``
 does one thing: when Lightning's strategy registries (or connectors) are imported, it hands them
 to ``lightning_strategies.activation``, which fills them with lazy entries. Nothing else of
 ours is imported until then. ``LIGHTNING_STRATEGIES_AUTOLOAD=0`` turns it off.
+
+PYTEST_DONT_REWRITE: it runs before pytest starts, so pytest must not try to rewrite it.
 """
 
 import os

@@ -31,8 +31,14 @@ _REGISTRY_MODULES = {
 }
 # connector module -> (namespace, connector class)
 _CONNECTOR_MODULES = {
-    "lightning.pytorch.trainer.connectors.accelerator_connector": ("lightning.pytorch", "_AcceleratorConnector"),
-    "pytorch_lightning.trainer.connectors.accelerator_connector": ("pytorch_lightning", "_AcceleratorConnector"),
+    "lightning.pytorch.trainer.connectors.accelerator_connector": (
+        "lightning.pytorch",
+        "_AcceleratorConnector",
+    ),
+    "pytorch_lightning.trainer.connectors.accelerator_connector": (
+        "pytorch_lightning",
+        "_AcceleratorConnector",
+    ),
     "lightning.fabric.connector": ("lightning.fabric", "_Connector"),
     "lightning_fabric.connector": ("lightning_fabric", "_Connector"),
 }
@@ -72,7 +78,9 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
         if module_name in _BUILTIN_NAME_GUARDS:
             _lift_builtin_name_guard(module, *_BUILTIN_NAME_GUARDS[module_name])
     except Exception:  # activation must never break `import lightning`
-        log.exception("lightning-strategies could not activate %s; registered names may not resolve", module_name)
+        log.exception(
+            "lightning-strategies could not activate %s; registered names may not resolve", module_name
+        )
 
 
 class LazyStrategy:
@@ -100,7 +108,9 @@ class _Unavailable:
         raise self.error
 
 
-def fill_lightning_registry(lightning_registry: Any, namespace: str, registry: StrategyRegistry | None = None) -> None:
+def fill_lightning_registry(
+    lightning_registry: Any, namespace: str, registry: StrategyRegistry | None = None
+) -> None:
     registry = registry or get_registry()
     for entry in registry:
         if entry.target_for(namespace) is None:
@@ -113,7 +123,9 @@ def fill_lightning_registry(lightning_registry: Any, namespace: str, registry: S
         lightning_registry[entry.name]["init_params"] = dict(entry.init_params)
     for name, entries in registry.clashes().items():
         error = StrategyConflictError(clash_message(name, entries))
-        lightning_registry.register(name, _Unavailable(error), description="unavailable: claimed twice", override=True)
+        lightning_registry.register(
+            name, _Unavailable(error), description="unavailable: claimed twice", override=True
+        )
     for names in PROJECT_PACKAGES.values():
         for name in names:
             if name in registry or name in LIGHTNING_BUILTIN_NAMES or name in lightning_registry:
@@ -162,8 +174,10 @@ def _patch_connector(connector: type, namespace: str) -> None:
     def init_strategy_checked(self: Any) -> Any:
         name = self._strategy_flag
         if isinstance(name, str) and name in get_registry():
+            # The Trainer's connector calls the flag _precision_flag, Fabric's _precision_input.
+            precision = getattr(self, "_precision_flag", getattr(self, "_precision_input", None))
             get_registry().entry(name).check_capabilities(
-                accelerator=_accelerator_name(self._accelerator_flag), precision=self._precision_flag
+                accelerator=_accelerator_name(self._accelerator_flag), precision=precision
             )
         return init_strategy(self)
 

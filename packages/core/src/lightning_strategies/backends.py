@@ -49,7 +49,9 @@ def require_backend(
     how = install_hint or f"pip install '{spec}'"
     version = installed_version(backend_distribution)
     if version is None:
-        raise MissingBackendError(f"{strategy_distribution} needs {spec}, which is not installed. Install it with: {how}")
+        raise MissingBackendError(
+            f"{strategy_distribution} needs {spec}, which is not installed. Install it with: {how}"
+        )
     if requirement and not requirement.specifier.contains(Version(version), prereleases=True):
         raise MissingBackendError(
             f"{strategy_distribution} supports {spec}, but {backend_distribution} {version} is installed. "

@@ -33,3 +33,13 @@ def register_strategies(registry: PluginRegistrar) -> None:
         registry: the registrar for the plugin being loaded; it records which distribution
             provides each name, so clashes can name both distributions.
     """
+
+
+@hookspec
+def environment_checks() -> list[tuple[str, bool, str]]:
+    """Report what this machine needs for the plugin's strategies, for `lightning-strategies doctor`.
+
+    Return ``(what, ok, detail)`` tuples, e.g. ``("libaio (NVMe offload)", False, "apt-get install
+    libaio-dev")``. Keep it fast and side-effect free; core already checks the backend versions
+    declared in the distribution's requirements.
+    """

@@ -60,7 +60,9 @@ class _MirrorFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if original_spec is None or original_spec.loader is None:
             return None
         is_package = original_spec.submodule_search_locations is not None
-        spec = importlib.util.spec_from_loader(fullname, self, origin=original_spec.origin, is_package=is_package)
+        spec = importlib.util.spec_from_loader(
+            fullname, self, origin=original_spec.origin, is_package=is_package
+        )
         assert spec is not None
         spec.has_location = original_spec.has_location
         return spec
@@ -78,7 +80,9 @@ class _MirrorFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         source = original_spec.loader.get_source(original)  # type: ignore[union-attr]
         if source is None:
             raise ImportError(f"Cannot mirror {original!r} for {flavour}: its source is not available.")
-        code = compile(mirrored_source(source, flavour, original.split(".")[0]), original_spec.origin or original, "exec")
+        code = compile(
+            mirrored_source(source, flavour, original.split(".")[0]), original_spec.origin or original, "exec"
+        )
         module.__file__ = original_spec.origin
         exec(code, module.__dict__)
 

@@ -36,7 +36,6 @@ def new_plugin_manager() -> pluggy.PluginManager:
 
 def load_installed_plugins(registry: StrategyRegistry) -> None:
     disabled = disabled_entry_points()
-    manager = new_plugin_manager()
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         if "*" in disabled or entry_point.name in disabled:
             log.debug("plugin %s skipped: listed in %s", entry_point.name, DISABLE_VARIABLE)
@@ -47,7 +46,7 @@ def load_installed_plugins(registry: StrategyRegistry) -> None:
         except Exception as error:  # a broken plugin must not take the others down
             _record_failure(registry, entry_point.name, distribution, f"import failed: {error!r}")
             continue
-        register_plugin(registry, plugin, entry_point.name, distribution, version, manager)
+        register_plugin(registry, plugin, entry_point.name, distribution, version)
 
 
 def register_plugin(
@@ -56,14 +55,15 @@ def register_plugin(
     name: str,
     distribution: str | None = None,
     version: str | None = None,
-    manager: pluggy.PluginManager | None = None,
 ) -> None:
     """Validate ``plugin``'s hooks against the specs and add the names it registers."""
-    manager = manager or new_plugin_manager()
+    manager = registry.plugin_manager = registry.plugin_manager or new_plugin_manager()
     try:
         manager.register(plugin, name=name)
         manager.check_pending()
     except Exception as error:
+        if manager.get_plugin(name) is not None:
+            manager.unregister(name=name)
         _record_failure(registry, name, distribution, f"invalid plugin: {error}")
         return
     registrar = PluginRegistrar(name, distribution, version)

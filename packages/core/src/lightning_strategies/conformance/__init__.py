@@ -29,10 +29,15 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
-        return self.returncode == 0 and bool(self.results) and all(result["passed"] for result in self.results)
+        return (
+            self.returncode == 0 and bool(self.results) and all(result["passed"] for result in self.results)
+        )
 
     def __str__(self) -> str:
-        title = f"conformance of {self.strategy!r} (accelerator={self.accelerator}, devices={self.devices}, precision={self.precision})"
+        title = (
+            f"conformance of {self.strategy!r} (accelerator={self.accelerator}, devices={self.devices}, "
+            f"precision={self.precision})"
+        )
         lines = [title]
         for result in self.results:
             if result["check"] == "traceback":

@@ -53,10 +53,16 @@ class _CollectiveProbe(Callback):
         world, rank = trainer.world_size, trainer.global_rank
         device = pl_module.device
         self.results = [
-            _check_value("reduce sum", strategy.reduce(torch.tensor(rank + 1.0, device=device), reduce_op="sum"),
-                         world * (world + 1) / 2),
-            _check_value("reduce mean", strategy.reduce(torch.tensor(rank + 1.0, device=device), reduce_op="mean"),
-                         (world + 1) / 2),
+            _check_value(
+                "reduce sum",
+                strategy.reduce(torch.tensor(rank + 1.0, device=device), reduce_op="sum"),
+                world * (world + 1) / 2,
+            ),
+            _check_value(
+                "reduce mean",
+                strategy.reduce(torch.tensor(rank + 1.0, device=device), reduce_op="mean"),
+                (world + 1) / 2,
+            ),
             _check_all_gather(strategy.all_gather(torch.tensor([float(rank)], device=device)), world),
             _check_value("broadcast", torch.tensor(float(strategy.broadcast(100 + rank, src=0))), 100.0),
         ]
@@ -81,15 +87,21 @@ def _predictions(batches: list[Any] | None) -> torch.Tensor:
     return torch.cat([batch.detach().float().cpu() for batch in batches])
 
 
-def _compare(check: str, got: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> CheckResult:
+def _compare(
+    check: str, got: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str
+) -> CheckResult:
     if got.shape != expected.shape:
-        return CheckResult(check, False, f"{what}: prediction shapes differ ({tuple(got.shape)} vs {tuple(expected.shape)})")
+        return CheckResult(
+            check, False, f"{what}: prediction shapes differ ({tuple(got.shape)} vs {tuple(expected.shape)})"
+        )
     if got.numel() == 0:
         return CheckResult(check, False, f"{what}: no predictions were produced")
     difference = float((got - expected).abs().max())
     scale = float(expected.abs().max()) or 1.0
     passed = difference <= tolerance * max(1.0, scale)
-    return CheckResult(check, passed, f"{what}: max abs difference {difference:.3g} (tolerance {tolerance:g})")
+    return CheckResult(
+        check, passed, f"{what}: max abs difference {difference:.3g} (tolerance {tolerance:g})"
+    )
 
 
 class ConformanceSuite:
@@ -131,7 +143,10 @@ class ConformanceSuite:
         return model
 
     def run(self) -> list[CheckResult]:
-        steps: list[Callable[[], None]] = [self.check_stages_and_collectives, self.check_round_trip_and_resume]
+        steps: list[Callable[[], None]] = [
+            self.check_stages_and_collectives,
+            self.check_round_trip_and_resume,
+        ]
         for step in steps:
             try:
                 step()
@@ -154,7 +169,8 @@ class ConformanceSuite:
             CheckResult(
                 "fit",
                 len(model.train_losses) > 0 and loss_after < loss_before,
-                f"{len(model.train_losses)} steps on this rank, validation loss {loss_before:.4f} -> {loss_after:.4f}",
+                f"{len(model.train_losses)} steps on this rank, "
+                f"validation loss {loss_before:.4f} -> {loss_after:.4f}",
             )
         )
         if trainer.world_size > 1:
@@ -165,7 +181,9 @@ class ConformanceSuite:
         self.results.append(_finite_metric("test", tested, "test_loss"))
         expected_rows = len(loader().dataset) // trainer.world_size
         self.results.append(
-            CheckResult("predict", predicted.shape[0] == expected_rows, f"{predicted.shape[0]} rows on this rank")
+            CheckResult(
+                "predict", predicted.shape[0] == expected_rows, f"{predicted.shape[0]} rows on this rank"
+            )
         )
 
     def check_round_trip_and_resume(self) -> None:
@@ -176,7 +194,9 @@ class ConformanceSuite:
         trainer.save_checkpoint(checkpoint)
         saved = _predictions(trainer.predict(model, dataloaders=loader()))
 
-        restored = _predictions(self.trainer().predict(self.model(seed=99), dataloaders=loader(), ckpt_path=checkpoint))
+        restored = _predictions(
+            self.trainer().predict(self.model(seed=99), dataloaders=loader(), ckpt_path=checkpoint)
+        )
         self.results.append(
             _compare("checkpoint round trip", restored, saved, self.tolerance, "restored vs saved model")
         )
@@ -189,7 +209,9 @@ class ConformanceSuite:
         self.trainer(max_epochs=2).fit(uninterrupted_model, train_dataloaders=loader())
         uninterrupted = _predictions(self.trainer().predict(uninterrupted_model, dataloaders=loader()))
         self.results.append(
-            _compare("resume equality", resumed, uninterrupted, self.tolerance, "resumed vs uninterrupted run")
+            _compare(
+                "resume equality", resumed, uninterrupted, self.tolerance, "resumed vs uninterrupted run"
+            )
         )
 
 

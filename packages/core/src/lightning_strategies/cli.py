@@ -1,0 +1,189 @@
+"""The `lightning-strategies` command: list, info, doctor and check.
+
+`list` and `info` read metadata only: they import no backend and no strategy module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
+from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES
+from lightning_strategies.registry import StrategyEntry, get_registry, target_text
+
+
+def _flavours(entry: StrategyEntry) -> str:
+    return "Trainer+Fabric" if entry.fabric_target else "Trainer"
+
+
+def command_list(arguments: argparse.Namespace) -> int:
+    registry = get_registry()
+    ours = {entry.name: entry for entry in registry}
+    rows = [(entry.name, entry.provider, _flavours(entry), entry.description) for entry in ours.values()]
+    rows += [(name, "Lightning built-in", "", "") for name in LIGHTNING_BUILTIN_NAMES if name not in ours]
+    rows.sort()
+    not_installed = {
+        distribution: [name for name in names if name not in ours]
+        for distribution, names in PROJECT_PACKAGES.items()
+        if not any(name in ours for name in names)
+    }
+    if arguments.json:
+        json.dump(
+            {
+                "strategies": [
+                    dict(zip(("name", "provider", "supports", "description"), row, strict=True))
+                    for row in rows
+                ],
+                "problems": [vars(problem) for problem in registry.problems],
+                "clashes": {
+                    name: [e.provider for e in entries] for name, entries in registry.clashes().items()
+                },
+                "not_installed": not_installed,
+            },
+            sys.stdout,
+            indent=1,
+        )
+        print()
+        return 0
+    width = max(len(row[0]) for row in rows) + 2
+    provider_width = max(len(row[1]) for row in rows) + 2
+    print(f"{'NAME':<{width}}{'PROVIDER':<{provider_width}}{'SUPPORTS':<16}DESCRIPTION")
+    for name, provider, supports, description in rows:
+        print(f"{name:<{width}}{provider:<{provider_width}}{supports:<16}{description}")
+    for name, entries in registry.clashes().items():
+        print(
+            f"\nCLASH  {name!r} is claimed by "
+            + " and ".join(e.provider for e in entries)
+            + "; it cannot be used."
+        )
+    for problem in registry.problems:
+        print(
+            f"\nSKIPPED plugin {problem.plugin!r} ({problem.distribution or 'unknown distribution'}): "
+            f"{problem.reason}"
+        )
+    if not_installed:
+        print("\nMore strategies from this project:")
+        for distribution, names in not_installed.items():
+            print(f"  pip install {distribution:<42} # {', '.join(names)}")
+    return 0
+
+
+def command_info(arguments: argparse.Namespace) -> int:
+    name = arguments.name.lower()
+    registry = get_registry()
+    if name not in registry and name in LIGHTNING_BUILTIN_NAMES:
+        print(f"{name}: a Lightning built-in strategy (see Lightning's documentation).")
+        return 0
+    entry = registry.entry(name)
+    print(f"{entry.name}: {entry.description}")
+    print(f"  provider:      {entry.provider}")
+    print(f"  class:         {target_text(entry.target)}")
+    if entry.fabric_target:
+        print(f"  fabric class:  {target_text(entry.fabric_target)}")
+    print(f"  works with:    {', '.join(entry.namespaces())}")
+    if entry.replaces_builtin:
+        print("  replaces:      Lightning's built-in strategy of the same name")
+    print(f"  accelerators:  {', '.join(entry.accelerators) if entry.accelerators else 'any'}")
+    print(f"  precisions:    {', '.join(entry.precisions) if entry.precisions else 'any'}")
+    if entry.optimizers:
+        print(f"  optimizers:    {', '.join(entry.optimizers)}")
+    print(f"  grad. accum.:  {'yes' if entry.gradient_accumulation else 'no'}")
+    if entry.init_params:
+        print("  defaults for this name:")
+        for key, value in entry.init_params.items():
+            print(f"    {key}={value!r}")
+    _print_parameters(entry)
+    return 0
+
+
+def _print_parameters(entry: StrategyEntry) -> None:
+    from lightning_strategies.describe import parameter_docs
+
+    documented = parameter_docs(target_text(entry.target))
+    if not documented:
+        return
+    print("  parameters:")
+    for parameter in documented:
+        default = entry.init_params.get(parameter.name, parameter.default)
+        shown = f"{parameter.name}={default}" if default is not None else parameter.name
+        print(f"    {shown}")
+        if parameter.meaning:
+            print(f"        {parameter.meaning}")
+
+
+def command_doctor(arguments: argparse.Namespace) -> int:
+    from lightning_strategies.doctor import backend_findings, machine_findings
+
+    findings = machine_findings() + backend_findings(get_registry())
+    for finding in findings:
+        print(f"{'ok ' if finding.ok else 'NO '} {finding.what:<44} {finding.detail}")
+    problems = get_registry().problems
+    for problem in problems:
+        print(f"NO  plugin {problem.plugin!r:<37} {problem.reason}")
+    return 0
+
+
+def command_check(arguments: argparse.Namespace) -> int:
+    from lightning_strategies.conformance import run_check
+
+    name = arguments.name.lower()
+    registry = get_registry()
+    if name in registry:
+        registry.entry(name).check_capabilities(
+            accelerator=arguments.accelerator, precision=arguments.precision
+        )
+    elif name not in LIGHTNING_BUILTIN_NAMES:
+        registry.entry(name)  # raises with close matches or the install line
+    print(
+        f"Running the conformance suite for {name!r} ({arguments.devices} x {arguments.accelerator}) ...",
+        flush=True,
+    )
+    report = run_check(
+        name,
+        accelerator=arguments.accelerator,
+        devices=arguments.devices,
+        precision=arguments.precision,
+        timeout=arguments.timeout,
+    )
+    print(report)
+    return 0 if report.passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lightning-strategies",
+        description="Training strategies for PyTorch Lightning, installed as plugins.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser("list", help="every strategy name Lightning accepts, and broken plugins")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
+    listing.set_defaults(handler=command_list)
+    info = commands.add_parser("info", help="one strategy: description, defaults, capabilities, provider")
+    info.add_argument("name")
+    info.set_defaults(handler=command_info)
+    doctor = commands.add_parser("doctor", help="what this machine can run")
+    doctor.set_defaults(handler=command_doctor)
+    check = commands.add_parser("check", help="run the conformance suite against an installed strategy")
+    check.add_argument("name")
+    check.add_argument("--accelerator", default="cpu")
+    check.add_argument("--devices", type=int, default=1)
+    check.add_argument("--precision", default="32-true")
+    check.add_argument("--timeout", type=float, default=900, help="seconds before all ranks are killed")
+    check.set_defaults(handler=command_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = build_parser().parse_args(argv)
+    try:
+        return arguments.handler(arguments)
+    except (StrategyLookupError, StrategyConflictError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

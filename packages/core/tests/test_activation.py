@@ -1,0 +1,138 @@
+"""Names resolve through the real Lightning entry points once a registry is activated."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from lightning_strategies import activate, hookimpl
+from lightning_strategies.errors import CapabilityError, StrategyLookupError
+
+
+@pytest.fixture
+def lightning_registries():
+    """Lightning's four registries, restored after the test so names do not leak between tests."""
+    import lightning.fabric.strategies as fabric
+    import lightning.pytorch.strategies as trainer
+    import lightning_fabric.strategies as standalone_fabric
+    import pytorch_lightning.strategies as standalone_trainer
+
+    registries = [
+        trainer.StrategyRegistry,
+        standalone_trainer.StrategyRegistry,
+        fabric.STRATEGY_REGISTRY,
+        standalone_fabric.STRATEGY_REGISTRY,
+    ]
+    saved = [dict(registry) for registry in registries]
+    yield registries
+    for registry, contents in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(contents)
+
+
+class DDPPlugin:
+    """A plugin registering Lightning's own DDP under new names, so nothing else is needed."""
+
+    @hookimpl
+    def register_strategies(registry):
+        registry.register(
+            "team_ddp",
+            "lightning.pytorch.strategies:DDPStrategy",
+            description="DDP with our defaults",
+            init_params={"find_unused_parameters": True},
+            fabric_target="lightning.fabric.strategies:DDPStrategy",
+            accelerators=("cpu", "cuda"),
+            precisions=("32-true", "bf16-mixed"),
+        )
+        registry.register(
+            "never_imported", "lightning_strategies_tests_missing.module:Strategy", accelerators=("cuda",)
+        )
+
+
+def _trainer(module, strategy, **options):
+    return module.Trainer(strategy=strategy, logger=False, enable_checkpointing=False, devices=1, **options)
+
+
+def test_lightning_trainer_resolves_a_registered_name(registry, add_plugin, lightning_registries):
+    import lightning.pytorch as pl
+
+    add_plugin(DDPPlugin)
+    activate()
+    trainer = _trainer(pl, "TEAM_DDP", accelerator="cpu")
+    assert type(trainer.strategy).__module__.startswith("lightning.pytorch.")
+    assert trainer.strategy._ddp_kwargs == {"find_unused_parameters": True}
+
+
+def test_pytorch_lightning_trainer_gets_a_pytorch_lightning_class(registry, add_plugin, lightning_registries):
+    import pytorch_lightning
+
+    add_plugin(DDPPlugin)
+    activate()
+    trainer = _trainer(pytorch_lightning, "team_ddp", accelerator="cpu")
+    assert isinstance(trainer.strategy, pytorch_lightning.strategies.DDPStrategy)
+
+
+def test_fabric_resolves_where_a_fabric_class_is_registered(registry, add_plugin, lightning_registries):
+    import lightning.fabric
+
+    add_plugin(DDPPlugin)
+    activate()
+    fabric = lightning.fabric.Fabric(strategy="team_ddp", accelerator="cpu", devices=1)
+    assert isinstance(fabric.strategy, lightning.fabric.strategies.DDPStrategy)
+
+
+def test_capabilities_are_refused_before_the_class_is_imported(registry, add_plugin, lightning_registries):
+    import lightning.pytorch as pl
+
+    add_plugin(DDPPlugin)
+    activate()
+    with pytest.raises(CapabilityError, match="accelerator='cpu' is not supported"):
+        _trainer(pl, "never_imported", accelerator="cpu")
+    assert "lightning_strategies_tests_missing" not in sys.modules
+    with pytest.raises(CapabilityError, match="precision='16-true'"):
+        _trainer(pl, "team_ddp", accelerator="cpu", precision="16-true")
+
+
+def test_unknown_names_in_the_trainer_get_close_matches(registry, add_plugin, lightning_registries):
+    import lightning.pytorch as pl
+
+    add_plugin(DDPPlugin)
+    activate()
+    with pytest.raises(StrategyLookupError, match="Did you mean: 'team_ddp'"):
+        _trainer(pl, "team_dpp")
+
+
+def test_project_names_not_installed_say_what_to_install(registry, lightning_registries):
+    import lightning.pytorch as pl
+
+    activate()
+    with pytest.raises(StrategyLookupError, match="pip install lightning-strategies-colossalai-gemini"):
+        _trainer(pl, "colossalai_cuda")
+
+
+def test_builtin_names_stay_lightnings_without_a_replacement(registry, lightning_registries):
+    import lightning.pytorch as pl
+
+    activate()
+    trainer = _trainer(pl, "ddp", accelerator="cpu")
+    assert type(trainer.strategy) is pl.strategies.DDPStrategy
+
+
+def test_a_declared_replacement_lifts_lightnings_cpu_refusal_of_the_name(
+    registry, add_plugin, lightning_registries
+):
+    import lightning.pytorch as pl
+
+    class ReplacesFSDP:
+        @hookimpl
+        def register_strategies(registry):
+            registry.register("fsdp", "lightning.pytorch.strategies:DDPStrategy", replaces_builtin=True)
+
+    add_plugin(ReplacesFSDP)
+    activate()
+    try:
+        trainer = _trainer(pl, "fsdp", accelerator="cpu")
+        assert type(trainer.strategy) is pl.strategies.DDPStrategy
+    finally:
+        pl.strategies.FSDPStrategy._registered_strategies[:] = ["fsdp", "fsdp_cpu_offload"]

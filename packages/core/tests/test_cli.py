@@ -1,0 +1,83 @@
+"""The command line, driven through main() against a throwaway plugin."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightning_strategies import hookimpl
+from lightning_strategies.cli import main
+
+
+class DocumentedPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register(
+            "documented",
+            "lightning.pytorch.strategies.ddp:DDPStrategy",
+            description="DDP, documented",
+            init_params={"process_group_backend": "gloo"},
+            accelerators=("cpu",),
+        )
+        registry.register("clashing", "lightning.pytorch.strategies:DDPStrategy")
+
+
+class ClashingPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("clashing", "lightning.pytorch.strategies:DDPStrategy")
+
+
+@pytest.fixture
+def plugins(add_plugin):
+    add_plugin(DocumentedPlugin, name="documented", distribution="documented-dist")
+    add_plugin(ClashingPlugin, name="clashing", distribution="clashing-dist")
+
+
+def test_list_shows_ours_builtins_clashes_and_what_to_install(plugins, capsys):
+    assert main(["list"]) == 0
+    output = capsys.readouterr().out
+    assert "documented" in output and "documented-dist 1.0" in output
+    assert "ddp_spawn" in output and "Lightning built-in" in output
+    assert "CLASH  'clashing' is claimed by documented-dist 1.0 and clashing-dist 1.0" in output
+    assert "pip install lightning-strategies-colossalai-gemini" in output
+
+
+def test_list_as_json(plugins, capsys):
+    assert main(["list", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert {
+        "name": "documented",
+        "provider": "documented-dist 1.0",
+        "supports": "Trainer",
+        "description": "DDP, documented",
+    } in listing["strategies"]
+    assert listing["clashes"] == {"clashing": ["documented-dist 1.0", "clashing-dist 1.0"]}
+
+
+def test_info_shows_defaults_with_their_meaning_without_importing_the_class(plugins, capsys):
+    assert main(["info", "DOCUMENTED"]) == 0
+    output = capsys.readouterr().out
+    assert "provider:      documented-dist 1.0" in output
+    assert "accelerators:  cpu" in output
+    assert "process_group_backend='gloo'" in output
+    assert "parameters:" in output and "timeout=" in output
+
+
+def test_unknown_names_exit_2_with_the_hint(plugins, capsys):
+    assert main(["info", "documentd"]) == 2
+    assert "Did you mean: 'documented'" in capsys.readouterr().err
+    assert main(["check", "colossalai"]) == 2
+    assert "pip install lightning-strategies-colossalai-gemini" in capsys.readouterr().err
+
+
+def test_check_refuses_an_unsupported_accelerator_before_running(plugins, capsys):
+    assert main(["check", "documented", "--accelerator", "cuda"]) == 2
+    assert "accelerator='cuda' is not supported" in capsys.readouterr().err
+
+
+def test_doctor_reports_the_machine(plugins, capsys):
+    assert main(["doctor"]) == 0
+    output = capsys.readouterr().out
+    assert "torch" in output and "libaio (NVMe offload)" in output and "ninja" in output
