@@ -1,0 +1,95 @@
+"""The Trainer's precision plugin for DeepSpeed: backward and step go through the engine.
+
+Lightning decides where an accumulation window ends (so hooks, schedulers and ``global_step``
+see real optimizer steps); this plugin tells the engine, so DeepSpeed reduces and steps there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.types import Steppable
+from lightning.pytorch.plugins.precision import Precision
+from lightning_strategies.parameters import check_choice
+from lightning_utilities.core.apply_func import apply_to_collection
+
+DTYPES = {
+    "32-true": torch.float32,
+    "16-mixed": torch.float16,
+    "16-true": torch.float16,
+    "bf16-mixed": torch.bfloat16,
+    "bf16-true": torch.bfloat16,
+}
+
+
+class DeepSpeedPrecision(Precision):
+    """DeepSpeed keeps its own fp32 master weights in fp16/bf16 mode; Lightning only casts inputs."""
+
+    def __init__(self, precision: str = "32-true") -> None:
+        self.precision = check_choice("DeepSpeedPrecision", "precision", str(precision), tuple(DTYPES))
+        self.dtype = DTYPES[self.precision]
+        self._in_optimizer_step = False
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        if self.precision.endswith("-true"):
+            return module.to(dtype=self.dtype)
+        return module  # in mixed mode the engine converts the module and keeps fp32 masters
+
+    def convert_input(self, data: Any) -> Any:
+        return apply_to_collection(data, torch.Tensor, _to_floating_dtype, self.dtype)
+
+    def tensor_init_context(self) -> AbstractContextManager:
+        return _DefaultDtype(self.dtype) if self.precision.endswith("-true") else nullcontext()
+
+    def module_init_context(self) -> AbstractContextManager:
+        return self.tensor_init_context()
+
+    def backward(self, tensor: torch.Tensor, model: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        engine = model.trainer.model
+        if not model.automatic_optimization:
+            engine.backward(tensor, *args, **kwargs)  # the user steps; DeepSpeed counts micro-steps itself
+            return
+        boundary = self._in_optimizer_step
+        engine.set_gradient_accumulation_boundary(boundary)
+        # Lightning already divided the loss by accumulate_grad_batches.
+        engine.backward(tensor, *args, scale_wrt_gas=False, **kwargs)
+        if not boundary:
+            engine.step()  # advances DeepSpeed's micro-step bookkeeping; no update off the boundary
+
+    def optimizer_step(self, optimizer: Steppable, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ValueError("DeepSpeed cannot drive LBFGS, whose step re-evaluates the closure. Use another optimizer.")
+        self._in_optimizer_step = True
+        try:
+            closure_result = closure()
+        finally:
+            self._in_optimizer_step = False
+        self._after_closure(model, optimizer)
+        if model.automatic_optimization and closure_result is None:
+            raise ValueError(
+                "training_step returned None, which skips backward; DeepSpeed cannot skip a step this way "
+                "because every rank must take part. Return a loss on every rank."
+            )
+        return model.trainer.model.step(**kwargs)
+
+    def clip_gradients(self, optimizer: Any, clip_val: Any = 0.0, gradient_clip_algorithm: Any = None) -> None:
+        """DeepSpeed clips inside ``engine.step()`` from the config's ``gradient_clipping``."""
+
+
+def _to_floating_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype) if torch.is_floating_point(tensor) else tensor
+
+
+class _DefaultDtype(AbstractContextManager):
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __enter__(self) -> None:
+        self.previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.set_default_dtype(self.previous)

@@ -1,0 +1,392 @@
+"""DeepSpeed for the Lightning Trainer, on CUDA GPUs and on CPU (gloo), DeepSpeed 0.16-0.19.
+
+Built on DDPStrategy rather than Lightning's DeepSpeedStrategy: that class imports deepspeed in
+its constructor, before the Trainer has chosen the device, so DeepSpeed would pick CUDA on a GPU
+host even for ``accelerator="cpu"``; it also refuses CPU outright.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Generator
+
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
+from lightning.pytorch.strategies.ddp import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.types import LRSchedulerConfig
+from lightning_strategies.precision import OwnPrecisionMixin
+
+from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.backend import import_deepspeed
+from lightning_strategies_deepspeed.precision import DeepSpeedPrecision
+
+log = logging.getLogger(__name__)
+
+
+class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
+    """ZeRO stages 0-3 with CPU/NVMe offload; the parameters are those of Lightning's DeepSpeedStrategy.
+
+    ``config`` (a dict or a JSON file) replaces the config built from the other parameters; any
+    DeepSpeed option can be passed that way (ZeRO++ and other 0.17+ settings included).
+    """
+
+    strategy_name = "deepspeed"
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        zero_optimization: bool = True,
+        stage: int = 2,
+        remote_device: str | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        offload_params_device: str = "cpu",
+        nvme_path: str = "/local_nvme",
+        params_buffer_count: int = 5,
+        params_buffer_size: int = 100_000_000,
+        max_in_cpu: int = 1_000_000_000,
+        offload_optimizer_device: str = "cpu",
+        optimizer_buffer_count: int = 4,
+        block_size: int = 1048576,
+        queue_depth: int = 8,
+        single_submit: bool = False,
+        overlap_events: bool = True,
+        thread_count: int = 1,
+        pin_memory: bool = False,
+        sub_group_size: int = 1_000_000_000_000,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        allgather_partitions: bool = True,
+        reduce_scatter: bool = True,
+        allgather_bucket_size: int = 200_000_000,
+        reduce_bucket_size: int = 200_000_000,
+        zero_allow_untested_optimizer: bool = True,
+        logging_batch_size_per_gpu: str | int = "auto",
+        config: str | os.PathLike | dict[str, Any] | None = None,
+        logging_level: int = logging.WARN,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        loss_scale: float = 0,
+        initial_scale_power: int = 16,
+        loss_scale_window: int = 1000,
+        hysteresis: int = 2,
+        min_loss_scale: int = 1,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        contiguous_memory_optimization: bool = False,
+        synchronize_checkpoint_boundary: bool = False,
+        load_full_weights: bool = False,
+        precision_plugin: DeepSpeedPrecision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        exclude_frozen_parameters: bool = False,
+    ) -> None:
+        arguments = locals()
+        parameters = {name: arguments[name] for name in settings.DEFAULTS}
+        settings.validate_parameters(parameters)
+        user_config = settings.load_user_config(config)
+        settings.warn_ineffective_parameters(parameters, config_given=user_config is not None)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.parameters = parameters
+        self.config: dict[str, Any] = user_config if user_config is not None else settings.build_config(parameters)
+        self.remote_device = remote_device
+        self.load_full_weights = load_full_weights
+        self.exclude_frozen_parameters = exclude_frozen_parameters
+        self._config_completed = False
+
+    # -- precision ---------------------------------------------------------------------------
+
+    def own_precision_plugin(self, precision: str) -> DeepSpeedPrecision:
+        return DeepSpeedPrecision(precision)
+
+    @property
+    def zero_stage_3(self) -> bool:
+        return settings.zero_stage(self.config) == 3
+
+    @property
+    def deepspeed_engine(self) -> Any:
+        return self.model
+
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        # Lightning marks the window; the precision plugin tells the engine where it ends.
+        return False
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # the engine must exist to load its shards
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        return False  # the engine restores its (partitioned) optimizer state itself
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def setup_environment(self) -> None:
+        # Before anything imports deepspeed: its accelerator follows Lightning's device.
+        import_deepspeed(self.root_device.type, self.parameters["logging_level"])
+        super().setup_environment()
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        deepspeed = import_deepspeed(self.root_device.type)
+        # Attach DeepSpeed's communication layer to the process group Lightning created.
+        deepspeed.init_distributed(
+            dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
+        )
+
+    def setup(self, trainer: Any) -> None:
+        assert self.accelerator is not None and self.model is not None
+        self.accelerator.setup(trainer)
+        self._check_nvme_path()
+        self._complete_config(trainer)
+        model = self.precision_plugin.convert_module(self.model)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._initialize_for_training(model)
+        else:
+            self._initialize_for_evaluation(model)
+        self.setup_precision_plugin()
+        self.barrier()
+
+    def _check_nvme_path(self) -> None:
+        if not settings.uses_nvme(self.parameters) or self.config is None:
+            return
+        path = Path(self.parameters["nvme_path"])
+        if not (path.is_dir() and os.access(path, os.W_OK)):
+            raise FileNotFoundError(
+                f"DeepSpeedStrategy(nvme_path={str(path)!r}) must be a writable directory (on fast local storage) "
+                "for NVMe offloading. Create it, or pass nvme_path= pointing at one."
+            )
+
+    def _complete_config(self, trainer: Any) -> None:
+        """Add what only the Trainer knows: precision, batch size, accumulation, clipping."""
+        if self._config_completed:
+            return
+        config = self.config
+        settings.add_precision(config, self.precision_plugin.precision, self.parameters)
+        if any(isinstance(callback, GradientAccumulationScheduler) for callback in trainer.callbacks):
+            raise ValueError(
+                "GradientAccumulationScheduler changes accumulation during training, but DeepSpeed fixes it when the "
+                "engine is built. Use Trainer(accumulate_grad_batches=N) instead."
+            )
+        accumulation = settings.resolve_accumulation(config, trainer.accumulate_grad_batches)
+        if accumulation != trainer.accumulate_grad_batches:
+            rank_zero_info(f"Accumulating gradients over {accumulation} batches, as the DeepSpeed config says.")
+            trainer.accumulate_grad_batches = accumulation
+        settings.add_batch_settings(config, self._micro_batch_size(trainer), accumulation, self.world_size)
+        settings.add_gradient_clipping(config, trainer.gradient_clip_val, _algorithm_name(trainer.gradient_clip_algorithm))
+        self._config_completed = True
+
+    def _micro_batch_size(self, trainer: Any) -> int:
+        """Only DeepSpeed's throughput logs read it: the train loader's batch size, else 1."""
+        source = trainer.fit_loop._data_source
+        if source.is_defined():
+            try:
+                batch_size = getattr(source.dataloader(), "batch_size", None)
+            except Exception:  # a loader that cannot be built here is built again by the loop
+                batch_size = None
+            if isinstance(batch_size, int) and batch_size > 0:
+                return batch_size
+        return 1
+
+    def _initialize_for_training(self, model: torch.nn.Module) -> None:
+        deepspeed = import_deepspeed(self.root_device.type)
+        optimizer = None
+        scheduler_configs: list[LRSchedulerConfig] = []
+        if "optimizer" not in self.config:
+            optimizers, scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
+            if len(optimizers) != 1 or len(scheduler_configs) > 1:
+                raise ValueError(
+                    f"DeepSpeed drives one optimizer (and at most one scheduler); configure_optimizers returned "
+                    f"{len(optimizers)} optimizers and {len(scheduler_configs)} schedulers."
+                )
+            optimizer = optimizers[0]
+        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            config=self.config,
+            model=model,
+            model_parameters=[parameter for parameter in model.parameters() if parameter.requires_grad],
+            optimizer=optimizer,
+            dist_init_required=False,
+        )
+        if engine.lr_scheduler is not None:
+            # A scheduler from the config: Lightning steps it once per optimizer step, not DeepSpeed.
+            scheduler_configs = [LRSchedulerConfig(engine.lr_scheduler, interval="step")]
+            engine.lr_scheduler = None
+        self._configure_activation_checkpointing(deepspeed)
+        self.model = engine
+        self.optimizers = [deepspeed_optimizer]
+        self.lr_scheduler_configs = scheduler_configs
+
+    def _initialize_for_evaluation(self, model: torch.nn.Module) -> None:
+        deepspeed = import_deepspeed(self.root_device.type)
+        config = {key: self.config[key] for key in ("fp16", "bf16", "zero_optimization") if key in self.config}
+        if not self.zero_stage_3:
+            config.pop("zero_optimization", None)  # nothing to partition without an optimizer
+        config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
+        config["zero_allow_untested_optimizer"] = True
+        engine, _, _, _ = deepspeed.initialize(config=config, model=model, model_parameters=[], dist_init_required=False)
+        self._configure_activation_checkpointing(deepspeed)
+        self.model = engine
+
+    def _configure_activation_checkpointing(self, deepspeed: Any) -> None:
+        checkpointing = self.config.get("activation_checkpointing")
+        if not checkpointing:
+            return
+        deepspeed.checkpointing.configure(
+            mpu_=None,
+            partition_activations=checkpointing.get("partition_activations"),
+            contiguous_checkpointing=checkpointing.get("contiguous_memory_optimization"),
+            num_checkpoints=checkpointing.get("number_checkpoints"),
+            checkpoint_in_cpu=checkpointing.get("cpu_checkpointing"),
+            synchronize=checkpointing.get("synchronize_checkpoint_boundary"),
+            profile=checkpointing.get("profile"),
+        )
+
+    def setup_optimizers(self, trainer: Any) -> None:
+        """The optimizer is built with the engine in ``setup``."""
+        self.optimizers = []
+        self.lr_scheduler_configs = []
+
+    def model_to_device(self) -> None:
+        if self.model is not None and not self.zero_stage_3:
+            self.model.to(self.root_device)
+
+    def pre_backward(self, closure_loss: torch.Tensor) -> None:
+        """No DistributedDataParallel to prepare: the engine reduces gradients."""
+
+    @contextmanager
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        yield  # the engine skips reduction off the accumulation boundary
+
+    # -- model creation ----------------------------------------------------------------------
+
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        if self.zero_stage_3:
+            if empty_init is False:
+                raise NotImplementedError(
+                    "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
+                )
+            yield
+            return
+        with super().tensor_init_context(empty_init=empty_init):
+            yield
+
+    @contextmanager
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        """Parameters created here (in ``configure_model``) are partitioned at once under ZeRO stage 3."""
+        if not self.zero_stage_3:
+            yield
+            return
+        deepspeed = import_deepspeed(self.root_device.type)
+        remote_device = self.remote_device if self.remote_device is not None else None
+        with deepspeed.zero.Init(remote_device=remote_device, config_dict_or_path=self._init_config()):
+            yield
+
+    def _init_config(self) -> dict[str, Any]:
+        # zero.Init runs before setup(); it needs the precision and a batch size DeepSpeed accepts.
+        config = dict(self.config)
+        settings.add_precision(config, self.precision_plugin.precision, self.parameters)
+        config.setdefault("train_micro_batch_size_per_gpu", 1)
+        config.pop("train_batch_size", None)
+        config.pop("gradient_accumulation_steps", None)
+        return config
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return {}  # the engine writes the (partitioned) weights itself
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return {}  # the engine writes the (partitioned) optimizer state itself
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside."""
+        if storage_options is not None:
+            raise TypeError("DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files.")
+        filepath = self.broadcast(str(filepath))
+        client_state = {key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")}
+        client_state.update(checkpoints.universal_info())
+        self.model.save_checkpoint(
+            filepath, client_state=client_state, tag=checkpoints.TAG, exclude_frozen_parameters=self.exclude_frozen_parameters
+        )
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint_path = self.broadcast(str(checkpoint_path))
+        if self.load_full_weights:
+            return self._load_full_weights_file(checkpoint_path, weights_only)
+        location = checkpoints.locate(checkpoint_path)
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        if location.universal:
+            self.model._config.load_universal_checkpoint = True  # read by engine.load_checkpoint
+        _, client_state = self.model.load_checkpoint(
+            location.directory,
+            tag=location.tag,
+            load_optimizer_states=fitting and self.model.optimizer is not None,
+            load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
+            load_module_strict=self.lightning_module.strict_loading,
+        )
+        if client_state is None:
+            raise RuntimeError(
+                f"DeepSpeed could not load the checkpoint at {checkpoint_path!r} (files missing or unreadable). "
+                "Pass the directory the strategy saved, or a single weights file with load_full_weights=True."
+            )
+        return client_state
+
+    def _load_full_weights_file(self, path: str, weights_only: bool | None) -> dict[str, Any]:
+        if Path(path).is_dir():
+            raise ValueError(
+                f"DeepSpeedStrategy(load_full_weights=True) loads a single weights file, but {path!r} is a directory. "
+                "Convert it with `python -m lightning_strategies_deepspeed.convert`, or drop load_full_weights."
+            )
+        return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        if not self.load_full_weights:
+            return  # the engine already loaded its shards in load_checkpoint
+        state_dict = checkpoint["state_dict"]
+        if self.zero_stage_3:
+            checkpoints.load_into_partitioned_module(self.lightning_module, state_dict, strict, self.is_global_zero)
+        else:
+            self.lightning_module.load_state_dict(state_dict, strict=strict)
+        optimizer = getattr(self.model, "optimizer", None)
+        if hasattr(optimizer, "refresh_fp32_params"):
+            optimizer.refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """The engine restored the optimizer state in load_checkpoint."""
+
+    def teardown(self) -> None:
+        if self.lightning_module is not None:
+            self.model = self.lightning_module  # drop the engine (and its buffers) with the run
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """The names are registered by the lightning-strategies plugin (plugin.py)."""
+
+
+def _algorithm_name(algorithm: Any) -> str | None:
+    return None if algorithm is None else str(getattr(algorithm, "value", algorithm))

@@ -1,0 +1,148 @@
+"""A real training run for the tests, as its own program: Lightning's launcher re-runs it per rank.
+
+Trains a small MLP on fixed random data with the strategy named on the command line, then writes
+the final full weights (gathered under ZeRO-3) and a few counters as JSON-friendly torch data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Regression(LightningModule):
+    def __init__(self, optimizer: str = "sgd", learning_rate: float = 0.05, scheduler: bool = False) -> None:
+        super().__init__()
+        self.optimizer_name = optimizer
+        self.learning_rate = learning_rate
+        self.use_scheduler = scheduler
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        self.optimizer_steps = 0
+        self.backward_calls = 0
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = torch.nn.functional.mse_loss(self.net(inputs).float(), targets.float())
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(inputs).float(), targets.float()), sync_dist=True)
+
+    def on_after_backward(self):
+        self.backward_calls += 1
+
+    def on_before_optimizer_step(self, optimizer):
+        self.optimizer_steps += 1
+
+    def configure_optimizers(self):
+        parameters = self.parameters()
+        if self.optimizer_name == "cpu_adam":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(parameters, lr=self.learning_rate, adamw_mode=False)
+        elif self.optimizer_name == "adam":
+            optimizer = torch.optim.Adam(parameters, lr=self.learning_rate)
+        else:
+            optimizer = torch.optim.SGD(parameters, lr=self.learning_rate)
+        if not self.use_scheduler:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def data(batch_size: int, batches: int) -> DataLoader:
+    generator = torch.Generator().manual_seed(1234)
+    inputs = torch.randn(batch_size * batches, 16, generator=generator)
+    targets = torch.randn(batch_size * batches, 4, generator=generator)
+    return DataLoader(TensorDataset(inputs, targets), batch_size=batch_size, shuffle=False)
+
+
+def full_weights(strategy, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    parameters = list(module.parameters())
+    if getattr(strategy, "zero_stage_3", False):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(parameters):
+            return {name: tensor.detach().float().clone() for name, tensor in module.named_parameters()}
+    return {name: tensor.detach().float().clone() for name, tensor in module.named_parameters()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="deepspeed")
+    parser.add_argument("--strategy-options", default="{}", help="JSON: constructor arguments")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--batches", type=int, default=16, help="batches in the whole dataset")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--clip", type=float, default=None)
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--scheduler", action="store_true")
+    parser.add_argument("--save", default=None, help="checkpoint directory to write at the end")
+    parser.add_argument("--resume", default=None, help="checkpoint to resume from")
+    parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--out", required=True)
+    arguments = parser.parse_args()
+
+    seed_everything(7, workers=True)
+    model = Regression(arguments.optimizer, scheduler=arguments.scheduler)
+    strategy = arguments.strategy
+    options = json.loads(arguments.strategy_options)
+    if options:
+        from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
+
+        strategy = DeepSpeedStrategy(**options)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=arguments.devices,
+        strategy=strategy,
+        precision=arguments.precision,
+        max_steps=arguments.max_steps,
+        accumulate_grad_batches=arguments.accumulate,
+        gradient_clip_val=arguments.clip,
+        limit_val_batches=2 if arguments.validate else 0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,  # every rank sees the same batches: results comparable across world sizes
+    )
+    loader = data(arguments.batch_size, arguments.batches)
+    trainer.fit(model, loader, loader if arguments.validate else None, ckpt_path=arguments.resume)
+    if arguments.save:
+        trainer.save_checkpoint(arguments.save)
+    weights = full_weights(trainer.strategy, model)
+    if trainer.is_global_zero:
+        result = {
+            "weights": weights,
+            "global_step": trainer.global_step,
+            "optimizer_steps": model.optimizer_steps,
+            "backward_calls": model.backward_calls,
+            "strategy_class": type(trainer.strategy).__module__ + "." + type(trainer.strategy).__qualname__,
+            "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
+            "ds_accelerator": _deepspeed_accelerator(),
+            "environment_accelerator": os.environ.get("DS_ACCELERATOR"),
+            "learning_rate": trainer.optimizers[0].param_groups[0]["lr"],
+        }
+        torch.save(result, Path(arguments.out))
+
+
+def _deepspeed_accelerator() -> str:
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_name()
+
+
+if __name__ == "__main__":
+    main()
