@@ -1,0 +1,75 @@
+"""The four names resolve to this package's classes in every Lightning flavour."""
+
+import pytest
+from lightning_strategies import get_registry
+
+NAMES = ("xla", "xla_debug", "single_xla", "xla_fsdp")
+
+
+def test_names_are_registered_as_builtin_replacements():
+    registry = get_registry()
+    for name in NAMES:
+        entry = registry.entry(name)
+        assert entry.replaces_builtin
+        assert entry.distribution == "lightning-strategies-xla"
+    assert registry.entry("xla_debug").init_params == {"debug": True}
+    assert not [problem for problem in registry.problems if "xla" in str(problem.names)]
+
+
+@pytest.mark.parametrize(
+    ("name", "class_name"),
+    [("xla", "XLAStrategy"), ("xla_debug", "XLAStrategy"), ("single_xla", "SingleDeviceXLAStrategy")],
+)
+@pytest.mark.parametrize("namespace", ["lightning.pytorch", "pytorch_lightning"])
+def test_trainer_registries_build_our_strategies(name, class_name, namespace):
+    import importlib
+
+    strategies = importlib.import_module(f"{namespace}.strategies")
+    strategy = strategies.StrategyRegistry.get(name)
+    assert type(strategy).__name__ == class_name
+    assert type(strategy).__module__.endswith("lightning_strategies_xla.strategy")
+    # Lightning's connector pairs XLA accelerator and precision by these base classes.
+    assert isinstance(strategy, (strategies.XLAStrategy, strategies.SingleDeviceXLAStrategy))
+    assert strategy.debug is (name == "xla_debug")
+
+
+@pytest.mark.parametrize("name", ["xla", "single_xla", "xla_fsdp"])
+def test_fabric_registry_builds_our_strategies(name):
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
+
+    strategy = STRATEGY_REGISTRY.get(name)
+    assert type(strategy).__module__ == "lightning_strategies_xla.fabric"
+
+
+def test_trainer_xla_fsdp_says_it_is_fabric_only():
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    with pytest.raises(ValueError, match="lightning.Fabric only"):
+        StrategyRegistry.get("xla_fsdp")
+
+
+def test_wrong_parameter_types_are_named():
+    from lightning_strategies_xla import SingleDeviceXLAStrategy, XLAStrategy
+
+    with pytest.raises(TypeError, match="debug='yes'"):
+        XLAStrategy(debug="yes")
+    with pytest.raises(TypeError, match="sync_module_states"):
+        XLAStrategy(sync_module_states=1)
+    with pytest.raises(TypeError, match="device"):
+        SingleDeviceXLAStrategy(device="cuda:0")
+
+
+def test_unknown_precision_lists_the_choices():
+    from lightning_strategies_xla import XLAPrecision
+
+    with pytest.raises(ValueError, match="'bf16-true'"):
+        XLAPrecision("bf16-mixed")
+
+
+def test_xla_needs_more_than_one_device_and_says_so():
+    """PJRT runs one process per device; XLAStrategy on one device points to single_xla (Lightning's rule)."""
+    from lightning_strategies_xla import XLAStrategy
+
+    strategy = XLAStrategy(parallel_devices=[__import__("torch").device("xla", 0)])
+    with pytest.raises(NotImplementedError, match="SingleDeviceXLAStrategy"):
+        strategy.setup_distributed()
