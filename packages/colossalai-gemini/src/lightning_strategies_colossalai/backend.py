@@ -1,0 +1,43 @@
+"""Loading colossalai, which is installed beside this package rather than as its dependency.
+
+colossalai 0.5.0 declares torch<=2.5.1, so pip would downgrade torch if this package depended on
+it. Users install it with --no-deps (README.md, "Installing"); this module checks that it is there
+and in the tested range, and says how to install it when it is not.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from lightning_strategies.backends import installed_version, require_backend
+from lightning_strategies.errors import MissingBackendError
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+DISTRIBUTION = "lightning-strategies-colossalai-gemini"
+SUPPORTED = SpecifierSet(">=0.5.0,<0.6")
+INSTALL_HINT = (
+    f'pip install "{DISTRIBUTION}[backend]" && BUILD_EXT=0 pip install --no-deps "colossalai{SUPPORTED}" '
+    "(--no-deps keeps your torch: colossalai 0.5 declares torch<=2.5.1 but runs on current torch)"
+)
+
+
+def load_colossalai() -> ModuleType:
+    """Import colossalai and its Gemini plugin, or raise MissingBackendError with the install line."""
+    version = installed_version("colossalai")
+    if version is not None and not SUPPORTED.contains(Version(version), prereleases=True):
+        raise MissingBackendError(
+            f"{DISTRIBUTION} supports colossalai{SUPPORTED}, but colossalai {version} is installed. "
+            f"Install a supported version with: {INSTALL_HINT}"
+        )
+    colossalai = require_backend(
+        "colossalai", backend_distribution="colossalai", strategy_distribution=DISTRIBUTION, install_hint=INSTALL_HINT
+    )
+    try:
+        import colossalai.booster.plugin  # noqa: F401  (pulls peft, galore-torch: the `backend` extra)
+    except ImportError as error:
+        raise MissingBackendError(
+            f"colossalai {version} is installed but its Gemini plugin cannot be imported: {error}. "
+            f'Install the packages it needs with: pip install "{DISTRIBUTION}[backend]"'
+        ) from error
+    return colossalai

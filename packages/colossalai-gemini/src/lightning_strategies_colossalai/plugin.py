@@ -1,0 +1,33 @@
+"""Registers the colossalai strategy names with lightning-strategies (imports nothing heavy)."""
+
+from lightning_strategies import hookimpl
+
+_TARGET = "lightning_strategies_colossalai.strategy:ColossalAIStrategy"
+_CAPABILITIES = {
+    # Gemini keeps chunks in CUDA memory and runs its kernels there; CPU memory is only an offload target.
+    "accelerators": ("cuda",),
+    # GeminiDDP trains in fp16 or bf16 with fp32 master weights; it has no fp32 mode.
+    "precisions": ("16-mixed", "bf16-mixed"),
+    # GeminiOptimizer accepts only ColossalAI's chunk-aware Adam optimizers.
+    "optimizers": ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam"),
+    "gradient_accumulation": True,
+}
+
+_NAMES = {
+    "colossalai": ("auto", "ColossalAI Gemini, placement 'auto': chunks move between GPU and CPU by measured use"),
+    "colossalai_cuda": ("cuda", "ColossalAI Gemini, placement 'cuda': sharded chunks and optimizer states on GPU"),
+    "colossalai_cpu": ("cpu", "ColossalAI Gemini, placement 'cpu': parameters and optimizer states offloaded to CPU"),
+    "colossalai_auto": ("auto", "ColossalAI Gemini, placement 'auto' (same as 'colossalai')"),
+}
+
+
+@hookimpl
+def register_strategies(registry):
+    for name, (placement, description) in _NAMES.items():
+        registry.register(
+            name,
+            _TARGET,
+            description=description,
+            init_params={"placement_policy": placement},
+            **_CAPABILITIES,
+        )

@@ -1,0 +1,468 @@
+"""ColossalAIStrategy: ColossalAI 0.5 Gemini (GeminiDDP + GeminiOptimizer) under Lightning's own
+launcher and process group, with the parameters of the Lightning 1.x ColossalAIStrategy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Generator, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.seed import seed_everything
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning_strategies.errors import CapabilityError
+from lightning_strategies.precision import OwnPrecisionMixin
+
+from lightning_strategies_colossalai.backend import load_colossalai
+from lightning_strategies_colossalai.kernels import announce_kernel_build
+from lightning_strategies_colossalai.memory import memory_statistics
+from lightning_strategies_colossalai.options import (
+    MEBI,
+    GeminiSettings,
+    gemini_plugin_arguments,
+)
+from lightning_strategies_colossalai.precision import GeminiPrecision
+
+ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
+_SHARDED_MARKER = "colossalai_sharded_checkpoint"
+_META_FILE = "meta.pt"
+
+# Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
+# loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
+# established (benchmarks/auto_bf16_nan.py narrows it down), so the combination is refused.
+AUTO_BF16_REASON = (
+    "ColossalAI 0.5 Gemini with placement 'auto' and bf16 produced a NaN loss at every step on 1.3B and 2.7B "
+    "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this strategy "
+    "refuses the combination rather than train on silently broken weights. Use precision='16-mixed' with "
+    "placement 'auto', or keep bf16 with strategy='colossalai_cuda' or 'colossalai_cpu'."
+)
+# HybridAdam/CPUAdam update bf16 gradients held on CPU with a plain torch fallback that ignores the
+# combined scale GeminiOptimizer passes in, and that scale is how Gemini applies max_norm.
+CPU_BF16_CLIP_REASON = (
+    "with bf16, ColossalAI 0.5's HybridAdam/CPUAdam update CPU-held gradients through a torch fallback that "
+    "ignores the clipping scale, so gradient_clip_val would silently not apply to offloaded chunks. Use "
+    "precision='16-mixed', or strategy='colossalai_cuda' (optimizer on the GPU), or no gradient clipping."
+)
+
+
+class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
+    """ColossalAI Gemini: chunk-based ZeRO with parameters and optimizer states placed on GPU or CPU.
+
+    Build the model in ``LightningModule.configure_model`` so it is created lazily and sharded into
+    chunks as it is materialised. The one optimizer must be ``colossalai.nn.optimizer.HybridAdam``
+    or ``CPUAdam``. Trains with ``precision="16-mixed"`` or ``"bf16-mixed"`` on CUDA GPUs.
+    """
+
+    strategy_name = "colossalai"
+
+    def __init__(
+        self,
+        use_chunk: bool = True,
+        chunk_size: int | None = None,
+        enable_distributed_storage: bool = True,
+        placement_policy: str = "auto",
+        force_outputs_fp32: bool = False,
+        gpu_margin_mem_ratio: float = 0.0,
+        chunk_search_range: int = 64 * MEBI,
+        chunk_search_n_grids: int = 4096,
+        min_chunk_size: int = 32 * MEBI,
+        initial_scale: float = 2**16,
+        min_scale: float = 1,
+        growth_factor: float = 2,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 1000,
+        hysteresis: int = 2,
+        max_scale: float = 2**32,
+        state_dict_type: str = "full",
+        shard_size_mb: int = 1024,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        """Configure Gemini; every parameter of the Lightning 1.x ColossalAIStrategy is accepted.
+
+        Args:
+            use_chunk: Kept for compatibility. ColossalAI 0.5 always manages parameters in chunks;
+                ``False`` is accepted with a warning and has no effect.
+            chunk_size: Chunk size in parameters (elements). ``None`` searches the size with the
+                ``chunk_search_range``, ``chunk_search_n_grids`` and ``min_chunk_size`` bounds.
+            enable_distributed_storage: Shard chunks across ranks (memory 1/N). ``False`` keeps every
+                parameter replicated on each rank (GeminiDDP ``strict_ddp_mode``, no parameter sharding).
+            placement_policy: ``"cuda"``: chunks and optimizer states stay on the GPU (GeminiPlugin
+                static placement, no offload; fastest). ``"cpu"``: parameters and optimizer states are
+                offloaded to CPU memory (static placement, full offload; least GPU memory). ``"auto"``:
+                Gemini traces memory in the first training step and moves chunks between GPU and CPU.
+            force_outputs_fp32: Cast the model's outputs to fp32.
+            gpu_margin_mem_ratio: Share (0 to 1) of the GPU memory left free after the first step that
+                the optimizer may use for fp32 master weights and states. Used only with placement "auto".
+            chunk_search_range: Width of the chunk size search, in parameters; searched from the largest
+                parameter (at least ``min_chunk_size``) upwards.
+            chunk_search_n_grids: Number of steps the search range is divided into.
+            min_chunk_size: Smallest chunk, in parameters; a model smaller than this is one chunk kept whole.
+            initial_scale: Initial dynamic loss scale (fp16 only).
+            min_scale: Lowest dynamic loss scale (fp16 only).
+            growth_factor: Factor the loss scale grows by after ``growth_interval`` steps without overflow.
+            backoff_factor: Factor the loss scale shrinks by after ``hysteresis`` overflows.
+            growth_interval: Overflow-free steps before the loss scale grows.
+            hysteresis: Overflows tolerated before the loss scale shrinks.
+            max_scale: Highest dynamic loss scale (fp16 only).
+            state_dict_type: ``"full"``: one checkpoint file written by rank 0 with the gathered model and
+                optimizer state. ``"sharded"``: a checkpoint folder of size-bounded shard files written
+                without holding the whole state at once (ColossalAI's index format, loadable on any
+                number of GPUs).
+            shard_size_mb: Largest shard file, in MiB, for ``state_dict_type="sharded"``.
+            accelerator: The accelerator; must be CUDA.
+            parallel_devices: The devices to train on (set by the Trainer).
+            cluster_environment: The cluster environment (set by the Trainer).
+            checkpoint_io: Checkpoint IO plugin for full checkpoints.
+            precision_plugin: Precision plugin; defaults to Gemini's own for the Trainer's precision.
+            process_group_backend: Process group backend; defaults to NCCL.
+            timeout: Timeout of collective operations.
+        """
+        self.settings = GeminiSettings(
+            use_chunk=use_chunk,
+            chunk_size=chunk_size,
+            enable_distributed_storage=enable_distributed_storage,
+            placement_policy=placement_policy,
+            force_outputs_fp32=force_outputs_fp32,
+            gpu_margin_mem_ratio=gpu_margin_mem_ratio,
+            chunk_search_range=chunk_search_range,
+            chunk_search_n_grids=chunk_search_n_grids,
+            min_chunk_size=min_chunk_size,
+            initial_scale=initial_scale,
+            min_scale=min_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            hysteresis=hysteresis,
+            max_scale=max_scale,
+            state_dict_type=state_dict_type,
+        )
+        self.settings.warn_obsolete()
+        if not isinstance(shard_size_mb, int) or shard_size_mb <= 0:
+            raise ValueError(f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer.")
+        self.shard_size_mb = shard_size_mb
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self._gemini_plugin: Any = None
+        self._gemini_model: Any = None
+
+    # ----------------------------------------------------------------------------------- checks
+
+    def own_precision_plugin(self, precision: str) -> GeminiPrecision:
+        plugin = GeminiPrecision(precision)
+        if self.settings.placement_policy == "auto" and plugin.gemini_precision == "bf16":
+            raise CapabilityError(AUTO_BF16_REASON)
+        self.settings.warn_precision(precision)
+        return plugin
+
+    def check_accelerator(self) -> None:
+        """Refuse anything but CUDA, before processes are launched or colossalai is imported."""
+        if self.accelerator is not None and not isinstance(self.accelerator, CUDAAccelerator):
+            name = type(self.accelerator).__name__
+            raise CapabilityError(
+                f"ColossalAIStrategy needs a CUDA GPU (Gemini keeps its chunks and runs its kernels in CUDA "
+                f"memory; CPU memory is only an offload target), but the accelerator is {name}. "
+                "Use Trainer(accelerator='cuda', ...) on a machine with an NVIDIA GPU; for CPU-only training "
+                "pick another strategy (for example deepspeed or fsdp from lightning-strategies)."
+            )
+
+    def _configure_launcher(self) -> None:
+        self.check_accelerator()
+        super()._configure_launcher()
+
+    @staticmethod
+    def check_optimizers(optimizers: list[Any]) -> None:
+        """Gemini steps exactly one HybridAdam or CPUAdam (GeminiOptimizer refuses any other type)."""
+        from colossalai.nn.optimizer import CPUAdam, HybridAdam
+
+        if len(optimizers) != 1:
+            raise ValueError(
+                f"ColossalAIStrategy supports exactly one optimizer, configure_optimizers returned {len(optimizers)}."
+            )
+        optimizer = optimizers[0]
+        if type(optimizer) not in (HybridAdam, CPUAdam):
+            raise TypeError(
+                f"ColossalAIStrategy needs one of {', '.join(ALLOWED_OPTIMIZERS)} (their chunk-aware kernels "
+                f"update fp32 master weights on GPU and CPU); configure_optimizers returned "
+                f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. For example: "
+                "`from colossalai.nn.optimizer import HybridAdam; return HybridAdam(self.parameters(), lr=1e-3)`."
+            )
+
+    def _check_clipping(self, trainer: Any) -> None:
+        clip = trainer.gradient_clip_val
+        if not clip:
+            return
+        if trainer.gradient_clip_algorithm not in (None, "norm"):
+            raise CapabilityError(
+                "ColossalAIStrategy clips gradients by norm only (GeminiOptimizer has no clip by value); "
+                "use Trainer(gradient_clip_algorithm='norm')."
+            )
+        if self.precision_plugin.gemini_precision == "bf16" and self.settings.placement_policy != "cuda":
+            raise CapabilityError(f"gradient_clip_val={clip} with placement {self.settings.placement_policy!r}: "
+                                  + CPU_BF16_CLIP_REASON)
+
+    # ------------------------------------------------------------------------------ environment
+
+    def setup_environment(self) -> None:
+        self.check_accelerator()
+        load_colossalai()
+        # What colossalai.launch would do, on Lightning's process group instead of its own.
+        torch.cuda.set_device(self.root_device)
+        super().setup_environment()
+        self._seed_ranks_alike()
+
+    def _seed_ranks_alike(self) -> None:
+        """Give every rank the same seed so lazily built parameters materialise identically.
+
+        With ``seed_everything`` Lightning has already done so; otherwise rank 0's seed is shared.
+        """
+        if "PL_GLOBAL_SEED" in os.environ:
+            return
+        seed = [int(torch.randint(0, 2**31 - 1, ()).item())]
+        torch.distributed.broadcast_object_list(seed, src=0)
+        seed_everything(seed[0], verbose=False)
+        rank_zero_info(f"ColossalAIStrategy: seeded every rank with {seed[0]} so parameters initialise alike.")
+
+    def tensor_init_context(self, empty_init: bool | None = None) -> Any:
+        # Gemini places parameters itself (chunk by chunk); creating them on the GPU first would
+        # need the whole unsharded model in GPU memory.
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        """Modules built in ``configure_model`` are lazy: materialised one parameter at a time as
+        GeminiDDP moves them into (sharded) chunks."""
+        from colossalai.lazy import LazyInitContext
+
+        with LazyInitContext(default_device=self.root_device):
+            yield
+
+    def model_to_device(self) -> None:
+        """GeminiDDP moves parameters into chunks on the placement's devices."""
+
+    # ----------------------------------------------------------------------------------- set-up
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True
+
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        return False
+
+    def plugin_arguments(self, trainer: Any) -> dict[str, Any]:
+        """The GeminiPlugin keyword arguments for this run of ``trainer``."""
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        arguments = gemini_plugin_arguments(
+            self.settings,
+            str(self.precision_plugin.precision),
+            self.world_size,
+            accumulate_grad_batches=trainer.accumulate_grad_batches if fitting else 1,
+            gradient_clip_val=trainer.gradient_clip_val if fitting else None,
+        )
+        if not fitting and arguments["placement_policy"] == "auto":
+            # "auto" learns its layout from a training step; evaluation alone keeps chunks on the GPU.
+            arguments.update(placement_policy="static", offload_optim_frac=0.0, offload_param_frac=0.0)
+        return arguments
+
+    def setup(self, trainer: Any) -> None:
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self._check_clipping(trainer)
+        if (
+            fitting
+            and self.settings.placement_policy == "auto"
+            and self._gemini_model is None
+            and trainer.num_sanity_val_steps
+        ):
+            rank_zero_warn(
+                "ColossalAIStrategy: placement 'auto' needs one training step to trace memory before it can "
+                "evaluate, so the sanity-check validation is skipped."
+            )
+            trainer.num_sanity_val_steps = 0
+
+        optimizer = None
+        if fitting:
+            announce_kernel_build()
+            self.setup_optimizers(trainer)
+            self.check_optimizers(self.optimizers)
+            optimizer = self.optimizers[0]
+
+        if self._gemini_model is None or self._gemini_model.module is not self.lightning_module:
+            from colossalai.booster.plugin import GeminiPlugin
+
+            self._gemini_plugin = GeminiPlugin(**self.plugin_arguments(trainer))
+            module: Any = self.lightning_module
+        else:
+            module = self._gemini_model  # a later fit/validate/test of the same model reuses its chunks
+        model, gemini_optimizer, *_ = self._gemini_plugin.configure(module, optimizer)
+        self._gemini_model = model
+        self.model = model
+        if fitting:
+            self.optimizers = [gemini_optimizer]
+        self.setup_precision_plugin()
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """GeminiOptimizer scales the loss (fp16) and runs backward under Gemini's chunk hooks."""
+        assert self.lightning_module is not None
+        self.pre_backward(closure_loss)
+        closure_loss = self.precision_plugin.pre_backward(closure_loss, self.lightning_module)
+        self.gemini_optimizer.backward(closure_loss)
+        self.precision_plugin.post_backward(closure_loss, self.lightning_module)
+        self.post_backward(closure_loss)
+        return closure_loss
+
+    @property
+    def gemini_optimizer(self) -> Any:
+        if not self.optimizers:
+            raise RuntimeError("ColossalAIStrategy has no optimizer: backward is only possible while fitting.")
+        return getattr(self.optimizers[0], "_optimizer", self.optimizers[0])
+
+    def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        self._log_memory_statistics()
+        return output
+
+    # ------------------------------------------------------------------------------------ memory
+
+    def memory_statistics(self) -> dict[str, float]:
+        """Bytes of model data (chunks) per device, traced peak non-model data ("auto" placement,
+        after the first step), and bytes held for the optimizer per device."""
+        if self._gemini_model is None:
+            return {}
+        optimizer = self.gemini_optimizer if self.optimizers else None
+        return memory_statistics(self._gemini_model, optimizer)
+
+    def _log_memory_statistics(self) -> None:
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        if trainer is None or not trainer.loggers or not self.is_global_zero:
+            return
+        if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
+            return
+        stats = self.memory_statistics()
+        for logger in trainer.loggers:
+            logger.log_metrics(stats, step=trainer.global_step)
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def lightning_module_state_dict(self, rank_zero_only: bool = True) -> dict[str, Any]:
+        """The full model state gathered from the chunks, on CPU; with ``rank_zero_only`` only rank 0
+        gets the tensors (the others an empty dict). Sharded checkpoints write the model themselves."""
+        if self._gemini_model is None:
+            return super().lightning_module_state_dict()
+        if self.settings.state_dict_type == "sharded":
+            return {}
+        state = self._gemini_model.state_dict(only_rank_0=rank_zero_only)
+        if rank_zero_only and not self.is_global_zero:
+            return {}
+        return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        if self.settings.state_dict_type == "sharded":
+            return {}
+        optimizer = getattr(optimizer, "_optimizer", optimizer)
+        state = optimizer.state_dict(only_rank_0=True)
+        return state if self.is_global_zero else {}
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if self.settings.state_dict_type == "full":
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(
+                "ColossalAIStrategy(state_dict_type='sharded') writes its own shard files and takes no "
+                "storage_options; use state_dict_type='full' with a CheckpointIO plugin instead."
+            )
+        folder = Path(filepath)
+        if self.is_global_zero:
+            if folder.is_file():
+                folder.unlink()  # a full checkpoint of the same name from an earlier run
+            folder.mkdir(parents=True, exist_ok=True)
+        self.barrier("colossalai_sharded_checkpoint_folder")
+        gemini_io = self._gemini_plugin.get_checkpoint_io()
+        gemini_io.save_model(self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb)
+        for optimizer in self.optimizers:
+            gemini_io.save_optimizer(
+                getattr(optimizer, "_optimizer", optimizer),
+                str(folder / "optimizer"),
+                shard=True,
+                size_per_shard=self.shard_size_mb,
+            )
+        if self.is_global_zero:
+            meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+            meta[_SHARDED_MARKER] = True
+            torch.save(meta, folder / _META_FILE)
+        self.barrier("colossalai_sharded_checkpoint_written")
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(checkpoint_path)
+        if not path.is_dir():
+            if not path.is_file():
+                raise FileNotFoundError(f"ColossalAIStrategy: no checkpoint at {str(path)!r}.")
+            # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
+            extra = {} if weights_only is None else {"weights_only": weights_only}
+            return super().load_checkpoint(checkpoint_path, **extra)
+        meta_file = path / _META_FILE
+        if not meta_file.is_file() or not (path / "model").is_dir():
+            raise ValueError(
+                f"{str(path)!r} is a folder but not a ColossalAIStrategy sharded checkpoint (it needs "
+                f"{_META_FILE} and model/). Point ckpt_path at a checkpoint written with "
+                "state_dict_type='sharded', or at a full checkpoint file."
+            )
+        if self._gemini_model is None:
+            raise RuntimeError("ColossalAIStrategy loads a sharded checkpoint only after the model is set up.")
+        gemini_io = self._gemini_plugin.get_checkpoint_io()
+        gemini_io.load_model(self._gemini_model, str(path / "model"), strict=True)
+        if self.optimizers and self.lightning_restore_optimizer:
+            if not (path / "optimizer").is_dir():
+                raise ValueError(f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from.")
+            for optimizer in self.optimizers:
+                gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / "optimizer"))
+        return torch.load(meta_file, map_location="cpu", weights_only=False)
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        if checkpoint.get(_SHARDED_MARKER):
+            return  # loaded from the shard files in load_checkpoint
+        if self._gemini_model is None:
+            super().load_model_state_dict(checkpoint, strict=strict)
+            return
+        self._gemini_model.load_state_dict(checkpoint["state_dict"], strict=strict)
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        if checkpoint.get(_SHARDED_MARKER):
+            return
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+            getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)
+
+    # --------------------------------------------------------------------------------- teardown
+
+    def teardown(self) -> None:
+        # Lightning's teardown moves the module and optimizer to CPU; Gemini's parameters live in
+        # chunks, so only the plugins are torn down and the chunks are kept for a later run.
+        assert self.accelerator is not None
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()
