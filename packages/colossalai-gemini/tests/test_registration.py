@@ -1,0 +1,63 @@
+"""The four names are registered with metadata, and listing them imports no backend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from lightning_strategies.registry import get_registry
+
+NAMES = {"colossalai": "auto", "colossalai_cuda": "cuda", "colossalai_cpu": "cpu", "colossalai_auto": "auto"}
+
+
+@pytest.mark.parametrize(("name", "placement"), NAMES.items())
+def test_name_metadata(name, placement):
+    entry = get_registry().entry(name)
+    assert entry.init_params == {"placement_policy": placement}
+    assert entry.accelerators == ("cuda",)
+    assert entry.precisions == ("16-mixed", "bf16-mixed")
+    assert entry.optimizers == ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
+    assert entry.distribution == "lightning-strategies-colossalai-gemini"
+
+
+@pytest.mark.parametrize(("name", "placement"), NAMES.items())
+def test_name_resolves_to_strategy_with_its_placement(name, placement):
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    strategy = get_registry().resolve(name)
+    assert type(strategy) is ColossalAIStrategy
+    assert strategy.settings.placement_policy == placement
+
+
+def test_listing_imports_neither_colossalai_nor_the_strategy():
+    code = (
+        "import sys\n"
+        "from lightning_strategies.registry import get_registry\n"
+        "names = get_registry().names()\n"
+        "assert 'colossalai_cpu' in names, names\n"
+        "heavy = [m for m in ('colossalai', 'torch', 'lightning_strategies_colossalai.strategy') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_pytorch_lightning_flavour_resolves():
+    import pytorch_lightning
+
+    strategy_class = get_registry().entry("colossalai_cuda").load_class("pytorch_lightning")
+    assert issubclass(strategy_class, pytorch_lightning.strategies.DDPStrategy)
+
+
+def test_constructor_docstring_documents_every_parameter():
+    import inspect
+
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    doc = inspect.getdoc(ColossalAIStrategy.__init__)
+    assert "Args:" in doc
+    documented = {line.strip().split(":")[0] for line in doc.split("Args:")[1].splitlines() if line.startswith("    ")
+                  and not line.startswith("        ")}
+    parameters = set(inspect.signature(ColossalAIStrategy.__init__).parameters) - {"self"}
+    assert parameters <= documented, sorted(parameters - documented)
