@@ -1,0 +1,389 @@
+"""Real FSDP2 training on CPU processes, grouped so one launch of 2 processes covers many cases.
+
+Lightning launches the second process by re-running this command line, so every group is a
+script run. Each scenario writes a JSON result (rank 0) into OUT_DIR; the tests assert on it.
+
+    python scenarios.py GROUP OUT_DIR [--devices N] [--checkpoint PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+WIDTH = 16
+NAMES = ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard")
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class TinyTransformer(pl.LightningModule):
+    def __init__(self, meta_init: bool = False, compile_blocks: bool = False, lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()  # as in the reproduction of Lightning-AI/pytorch-lightning#20373
+        self.blocks: nn.ModuleList | None = None
+        self.seen_compute_dtypes: set[str] = set()
+        if not meta_init:
+            self.build()
+
+    def build(self) -> None:
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def configure_model(self) -> None:
+        if self.blocks is None:
+            with torch.device("meta"):  # the strategy materializes it shard by shard
+                self.build()
+        if self.hparams.compile_blocks:
+            for block in self.blocks:
+                block.compile(backend="aot_eager")  # inductor would need a C++ toolchain per test run
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        self.seen_compute_dtypes.add(str(self.head.weight.dtype))  # the all-gathered (compute) weight
+        return self.head(x)[:, 0].clone()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x).float(), y.float())
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x).float(), y.float()), sync_dist=True)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
+class WeightsAtStart(Callback):
+    """Full weights and optimizer step count when training (re)starts: what a resume loaded."""
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.weights = full_weights(module)
+        optimizer = trainer.optimizers[0]
+        self.optimizer_steps = sorted({float(state["step"]) for state in optimizer.state.values()} or {0.0})
+
+
+def full_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A snapshot: for replicated placements on CPU the state dict aliases the live parameters."""
+    state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {key: value.detach().clone() for key, value in state.items()}
+
+
+def data(samples: int = 64) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(samples, WIDTH, generator=generator)
+    return TensorDataset(x, x.sum(dim=1).tanh())
+
+
+def loader() -> DataLoader:
+    return DataLoader(data(), batch_size=4, shuffle=False)
+
+
+def trainer(strategy: Any, steps: int, devices: int = 2, **kwargs: Any) -> pl.Trainer:
+    options = dict(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_steps=steps,
+        gradient_clip_val=1.0,
+        limit_val_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        deterministic=True,
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return pl.Trainer(**options)
+
+
+def strategy(name: str, **kwargs: Any) -> Any:
+    from lightning_strategies import get_registry
+
+    return get_registry().resolve(name, **kwargs)
+
+
+def summary(trainer_: pl.Trainer, module: TinyTransformer) -> dict[str, Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    metrics = trainer_.callback_metrics
+    return {
+        "strategy_class": f"{type(trainer_.strategy).__module__}.{type(trainer_.strategy).__name__}",
+        "global_step": trainer_.global_step,
+        "train_loss": float(metrics["train_loss"]) if "train_loss" in metrics else None,
+        "val_loss": float(metrics["val_loss"]) if "val_loss" in metrics else None,
+        "param_types": sorted({type(param).__name__ for param in module.parameters()}),
+        "param_dtypes": sorted({str(param.dtype) for param in module.parameters()}),
+        "param_devices": sorted({param.device.type for param in module.parameters()}),
+        "compute_dtypes": sorted(module.seen_compute_dtypes),
+        "mesh_shape": list(trainer_.strategy.device_mesh.shape),
+        "sharded_modules": sum(isinstance(sub, FSDPModule) for sub in module.modules()),
+        "placements": sorted({str(param.placements) for param in module.parameters()}),
+    }
+
+
+class Results:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, result: dict[str, Any]) -> None:
+        if torch.distributed.get_rank() == 0:
+            (self.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+
+    def weights(self, name: str, weights: dict[str, torch.Tensor]) -> None:
+        if torch.distributed.get_rank() == 0:
+            torch.save(weights, self.out / f"{name}.pt")
+
+
+def equal_weights(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> bool:
+    return first.keys() == second.keys() and all(torch.equal(first[key], second[key]) for key in first)
+
+
+# Groups ------------------------------------------------------------------------------------------
+
+
+def group_names(results: Results, args: argparse.Namespace) -> None:
+    """Every registered name: fit, sharded checkpoint, resume in a new Trainer, full export."""
+    variants = [(name, name, {}) for name in NAMES]
+    variants.append(("fsdp_hybrid_shard_2x1", "fsdp_hybrid_shard", {"device_mesh": (2, 1)}))
+    for label, name, kwargs in variants:
+        pl.seed_everything(7)
+        module = TinyTransformer()
+        first = trainer(strategy(name, **kwargs) if kwargs else name, steps=2)
+        first.fit(module, loader(), loader())
+        path = results.out / f"{label}.ckpt"
+        first.save_checkpoint(path)
+        saved = full_weights(module)
+        result = summary(first, module)
+
+        resumed_module = TinyTransformer()
+        at_start = WeightsAtStart()
+        second = trainer(strategy(name, **kwargs) if kwargs else name, steps=4, callbacks=[at_start])
+        second.fit(resumed_module, loader(), loader(), ckpt_path=path)
+        result.update(
+            checkpoint_is_folder=path.is_dir(),
+            resumed_weights_equal_saved=equal_weights(at_start.weights, saved),
+            resumed_optimizer_steps=at_start.optimizer_steps,
+            resumed_global_step=second.global_step,
+            resumed_train_loss=float(second.callback_metrics["train_loss"]),
+        )
+        results.write(label, result)
+
+
+def group_precision(results: Results, args: argparse.Namespace) -> None:
+    for precision in ("32-true", "bf16-mixed", "16-mixed", "bf16-true"):
+        pl.seed_everything(7)
+        module = TinyTransformer()
+        run = trainer("fsdp", steps=2, precision=precision)
+        run.fit(module, loader(), loader())
+        results.write(f"precision_{precision}", summary(run, module))
+    # An explicit MixedPrecisionPolicy wins over the precision flag.
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    pl.seed_everything(7)
+    module = TinyTransformer()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    run = trainer(strategy("fsdp", mixed_precision=policy), steps=2)
+    run.fit(module, loader(), loader())
+    results.write("precision_policy", summary(run, module))
+
+
+def _is_checkpointed(module: nn.Module) -> bool:
+    from torch.distributed._composable.contract import _get_registry
+
+    return "checkpoint" in (_get_registry(module) or {})
+
+
+def _param_init(module: nn.Module) -> None:
+    for parameter in module.parameters(recurse=False):
+        nn.init.constant_(parameter, 0.01)
+
+
+def group_features(results: Results, args: argparse.Namespace) -> None:
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    cases: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+        # label: (strategy kwargs, module kwargs, trainer kwargs)
+        "meta_init": ({}, {"meta_init": True}, {}),
+        "param_init_fn": ({"param_init_fn": _param_init}, {"meta_init": True}, {}),
+        "activation_checkpointing": ({"activation_checkpointing_policy": {Block}}, {}, {}),
+        "compile": ({}, {"compile_blocks": True}, {}),
+        "forward_prefetch": ({"forward_prefetch": True, "backward_prefetch": "BACKWARD_PRE"}, {}, {}),
+        "wrap_set": ({"auto_wrap_policy": {Block}}, {}, {}),
+        "wrap_module_policy": ({"auto_wrap_policy": ModuleWrapPolicy({nn.Linear})}, {}, {}),
+        "wrap_size_based": (
+            {"auto_wrap_policy": functools.partial(size_based_auto_wrap_policy, min_num_params=500)},
+            {},
+            {},
+        ),
+        "wrap_callable": ({"auto_wrap_policy": lambda module, recurse, nonwrapped_numel: False}, {}, {}),
+        "accumulate": ({}, {}, {"accumulate_grad_batches": 2}),
+        "obsolete_fsdp1_knobs": ({"limit_all_gathers": False, "use_orig_params": False}, {}, {}),
+    }
+    for label, (strategy_kwargs, module_kwargs, trainer_kwargs) in cases.items():
+        pl.seed_everything(7)
+        module = TinyTransformer(**module_kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run = trainer(strategy("fsdp", **strategy_kwargs), steps=2, **trainer_kwargs)
+        run.fit(module, loader(), loader())
+        result = summary(run, module)
+        weights = full_weights(module)
+        result["all_finite"] = all(bool(torch.isfinite(value).all()) for value in weights.values())
+        result["checkpointed_blocks"] = sum(_is_checkpointed(block) for block in module.blocks)
+        result["compiled_blocks"] = sum(getattr(block, "_compiled_call_impl", None) is not None for block in module.blocks)
+        result["warnings"] = [str(warning.message) for warning in caught if "has no effect" in str(warning.message)]
+        if label == "param_init_fn":
+            # param_init_fn ran on the materialized (sharded) parameters; AdamW moved them from 0.01.
+            start = TinyTransformer()
+            result["differs_from_default_init"] = not equal_weights(weights, full_weights(start))
+        results.write(label, result)
+
+    # sync_module_states: processes start from different weights; rank 0's must win.
+    rank = int(torch.distributed.get_rank()) if torch.distributed.is_initialized() else 0
+    torch.manual_seed(100 + rank)
+    module = TinyTransformer()
+    rank_zero_start = [module.state_dict() if rank == 0 else None]
+    torch.distributed.broadcast_object_list(rank_zero_start, src=0)
+    at_start = WeightsAtStart()
+    run = trainer(strategy("fsdp", sync_module_states=True), steps=1, callbacks=[at_start])
+    run.fit(module, loader(), loader())
+    expected = {key: value for key, value in rank_zero_start[0].items()}
+    results.write("sync_module_states", {"start_equals_rank0": equal_weights(at_start.weights, expected)})
+
+
+def group_reference(results: Results, args: argparse.Namespace) -> None:
+    """2N uninterrupted steps, and N steps with a ModelCheckpoint checkpoint and a full export."""
+    pl.seed_everything(7)
+    module = TinyTransformer()
+    trainer("fsdp", steps=8).fit(module, loader(), loader())
+    results.weights("uninterrupted_8", full_weights(module))
+
+    pl.seed_everything(7)
+    module = TinyTransformer()
+    checkpoints = ModelCheckpoint(dirpath=results.out / "every_4", every_n_train_steps=4, save_top_k=-1)
+    run = trainer("fsdp", steps=4, callbacks=[checkpoints], enable_checkpointing=True)
+    run.fit(module, loader(), loader())
+    run.save_checkpoint(results.out / "sharded_4")
+    results.weights("weights_4", full_weights(module))
+
+    # The same 4 steps with state_dict_type="full": one file any program can read.
+    pl.seed_everything(7)
+    module = TinyTransformer()
+    run = trainer(strategy("fsdp", state_dict_type="full"), steps=4)
+    run.fit(module, loader(), loader())
+    run.save_checkpoint(results.out / "full_4.ckpt")
+    results.weights("full_weights_4", full_weights(module))
+    results.write("reference", {"model_checkpoint": checkpoints.last_model_path or checkpoints.best_model_path})
+
+
+def group_resume(results: Results, args: argparse.Namespace) -> None:
+    """A new process resumes the N-step checkpoint and trains to 2N."""
+    pl.seed_everything(7)
+    module = TinyTransformer()
+    at_start = WeightsAtStart()
+    run = trainer("fsdp", steps=8, callbacks=[at_start], devices=args.devices)
+    run.fit(module, loader(), loader(), ckpt_path=args.checkpoint)
+    results.weights(f"resumed_8_{args.tag}", full_weights(module))
+    results.weights(f"resumed_start_{args.tag}", at_start.weights)
+    results.write(
+        f"resume_{args.tag}",
+        {
+            "global_step": run.global_step,
+            "optimizer_steps_at_start": at_start.optimizer_steps,
+            "world_size": run.world_size,
+        },
+    )
+
+
+def group_fabric(results: Results, args: argparse.Namespace) -> None:
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="fsdp")
+    fabric.launch()
+    fabric.seed_everything(7)
+    model = fabric.setup(Block())
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.01))
+    x = torch.randn(8, WIDTH)
+    losses = []
+    for _ in range(3):
+        loss = model(x).pow(2).mean()
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    path = results.out / "fabric.ckpt"
+    fabric.save(path, {"model": model, "optimizer": optimizer, "step": 3})
+    saved = full_weights(model)
+
+    fabric.seed_everything(99)
+    restored = fabric.setup(Block())
+    restored_optimizer = fabric.setup_optimizers(torch.optim.AdamW(restored.parameters(), lr=0.01))
+    state = {"model": restored, "optimizer": restored_optimizer, "step": 0}
+    fabric.load(path, state)
+    results.write(
+        "fabric",
+        {
+            "strategy_class": type(fabric.strategy).__name__,
+            "losses": losses,
+            "loaded_weights_equal": equal_weights(full_weights(restored), saved),
+            "loaded_step": state["step"],
+            "optimizer_state_loaded": len(restored_optimizer.state) > 0,
+            "checkpoint_is_folder": path.is_dir(),
+        },
+    )
+
+
+GROUPS = {
+    "names": group_names,
+    "precision": group_precision,
+    "features": group_features,
+    "reference": group_reference,
+    "resume": group_resume,
+    "fabric": group_fabric,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("group", choices=sorted(GROUPS))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    GROUPS[args.group](Results(args.out), args)
+
+
+if __name__ == "__main__":
+    main()
