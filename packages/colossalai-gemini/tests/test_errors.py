@@ -7,39 +7,47 @@ import types
 import lightning as L
 import pytest
 import torch
-from lightning_strategies.errors import CapabilityError, MissingBackendError
 
+from lightning_strategies.errors import CapabilityError, MissingBackendError
 from lightning_strategies_colossalai import backend
 from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
 
 @pytest.mark.parametrize("name", ["colossalai", "colossalai_cuda", "colossalai_cpu", "colossalai_auto"])
 def test_name_on_cpu_accelerator_is_refused_before_import(name):
-    with pytest.raises(CapabilityError, match="accelerator='cpu' is not supported \\(supported: cuda\\)"):
+    with pytest.raises(CapabilityError, match=r"accelerator='cpu' is not supported \(supported: cuda\)"):
         L.Trainer(strategy=name, accelerator="cpu", precision="bf16-mixed", logger=False)
 
 
 def test_instance_on_cpu_accelerator_asks_for_a_cuda_gpu():
     strategy = ColossalAIStrategy(placement_policy="cuda")
-    with pytest.raises(CapabilityError, match="needs a CUDA GPU.*accelerator='cuda'"):
+    with pytest.raises(CapabilityError, match=r"needs a CUDA GPU.*accelerator='cuda'"):
         L.Trainer(strategy=strategy, accelerator="cpu", precision="bf16-mixed", logger=False)
 
 
 def test_fp32_is_refused_with_the_precisions_to_use():
-    with pytest.raises(ValueError, match="precision='16-mixed' or precision='bf16-mixed'"):
+    with pytest.raises(ValueError, match=r"precision='16-mixed' or precision='bf16-mixed'"):
         ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("32-true")
 
 
 def test_auto_placement_with_bf16_is_refused_with_the_reason():
-    with pytest.raises(CapabilityError, match="NaN loss.*colossalai_cuda"):
+    with pytest.raises(CapabilityError, match=r"NaN loss.*colossalai_cuda"):
         ColossalAIStrategy(placement_policy="auto").own_precision_plugin("bf16-mixed")
-    assert ColossalAIStrategy(placement_policy="auto").own_precision_plugin("16-mixed").gemini_precision == "fp16"
-    assert ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("bf16-mixed").gemini_precision == "bf16"
+    assert (
+        ColossalAIStrategy(placement_policy="auto").own_precision_plugin("16-mixed").gemini_precision
+        == "fp16"
+    )
+    assert (
+        ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("bf16-mixed").gemini_precision
+        == "bf16"
+    )
 
 
 def test_optimizer_other_than_hybrid_or_cpu_adam_is_refused():
     adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
-    with pytest.raises(TypeError, match="HybridAdam, colossalai.nn.optimizer.CPUAdam.*torch.optim.adamw.AdamW"):
+    with pytest.raises(
+        TypeError, match=r"HybridAdam, colossalai.nn.optimizer.CPUAdam.*torch.optim.adamw.AdamW"
+    ):
         ColossalAIStrategy.check_optimizers([adamw])
 
 
@@ -49,7 +57,7 @@ def test_exactly_one_optimizer():
     # Real HybridAdam instances without __init__: building one compiles its kernels (minutes on CPU).
     one = HybridAdam.__new__(HybridAdam)
     ColossalAIStrategy.check_optimizers([one])
-    with pytest.raises(ValueError, match="exactly one optimizer.*returned 2"):
+    with pytest.raises(ValueError, match=r"exactly one optimizer.*returned 2"):
         ColossalAIStrategy.check_optimizers([one, HybridAdam.__new__(HybridAdam)])
 
 
@@ -60,7 +68,7 @@ def _trainer_settings(clip, algorithm="norm"):
 def test_clipping_by_value_is_refused():
     strategy = ColossalAIStrategy(placement_policy="cuda")
     strategy.precision_plugin = strategy.own_precision_plugin("16-mixed")
-    with pytest.raises(CapabilityError, match="by norm only"):
+    with pytest.raises(CapabilityError, match=r"by norm only"):
         strategy._check_clipping(_trainer_settings(1.0, "value"))
     strategy._check_clipping(_trainer_settings(1.0))
 
@@ -72,13 +80,13 @@ def test_bf16_clipping_with_cpu_held_optimizer_is_refused(placement):
     strategy._check_clipping(_trainer_settings(1.0))  # fp16: the CPU kernel applies the clipping scale
     if placement == "cpu":
         strategy.precision_plugin = strategy.own_precision_plugin("bf16-mixed")
-        with pytest.raises(CapabilityError, match="ignores the clipping scale"):
+        with pytest.raises(CapabilityError, match=r"ignores the clipping scale"):
             strategy._check_clipping(_trainer_settings(1.0))
 
 
 def test_colossalai_out_of_range_names_the_install_line(monkeypatch):
     monkeypatch.setattr(backend, "installed_version", lambda distribution: "0.4.6")
-    with pytest.raises(MissingBackendError, match="colossalai 0.4.6 is installed.*pip install --no-deps"):
+    with pytest.raises(MissingBackendError, match=r"colossalai 0.4.6 is installed.*pip install --no-deps"):
         backend.load_colossalai()
 
 
@@ -88,7 +96,7 @@ def test_colossalai_loads_on_current_torch():
 
 def test_missing_sharded_checkpoint_folder_parts_are_explained(tmp_path):
     strategy = ColossalAIStrategy(placement_policy="cuda")
-    with pytest.raises(ValueError, match="not a ColossalAIStrategy sharded checkpoint"):
+    with pytest.raises(ValueError, match=r"not a ColossalAIStrategy sharded checkpoint"):
         strategy.load_checkpoint(tmp_path)
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint"):
         strategy.load_checkpoint(tmp_path / "missing.ckpt")

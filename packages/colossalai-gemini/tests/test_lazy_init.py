@@ -1,4 +1,4 @@
-"""Modules built in the strategy's model_sharded_context are lazy until materialised (real ColossalAI, CPU)."""
+"""Modules built in model_sharded_context stay lazy until materialised (real ColossalAI, CPU)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,6 @@ def test_configure_model_context_creates_lazy_parameters_that_materialise():
     LazyInitContext.materialize(module)
     torch.manual_seed(0)
     eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    for lazy_parameter, eager_parameter in zip(module.parameters(), eager.parameters()):
+    for lazy_parameter, eager_parameter in zip(module.parameters(), eager.parameters(), strict=True):
         assert not isinstance(lazy_parameter, LazyTensor)
         torch.testing.assert_close(lazy_parameter.detach(), eager_parameter.detach())

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from lightning_strategies.backends import installed_version, require_backend
-from lightning_strategies.errors import MissingBackendError
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
+
+from lightning_strategies.backends import installed_version, require_backend
+from lightning_strategies.errors import MissingBackendError
 
 DISTRIBUTION = "lightning-strategies-colossalai-gemini"
 SUPPORTED = SpecifierSet(">=0.5.0,<0.6")
@@ -31,10 +32,13 @@ def load_colossalai() -> ModuleType:
             f"Install a supported version with: {INSTALL_HINT}"
         )
     colossalai = require_backend(
-        "colossalai", backend_distribution="colossalai", strategy_distribution=DISTRIBUTION, install_hint=INSTALL_HINT
+        "colossalai",
+        backend_distribution="colossalai",
+        strategy_distribution=DISTRIBUTION,
+        install_hint=INSTALL_HINT,
     )
     try:
-        import colossalai.booster.plugin  # noqa: F401  (pulls peft, galore-torch: the `backend` extra)
+        import colossalai.booster.plugin
     except ImportError as error:
         raise MissingBackendError(
             f"colossalai {version} is installed but its Gemini plugin cannot be imported: {error}. "

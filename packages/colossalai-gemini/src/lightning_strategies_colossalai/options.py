@@ -67,19 +67,22 @@ class GeminiSettings:
         check_type(STRATEGY, "gpu_margin_mem_ratio", self.gpu_margin_mem_ratio, (int, float))
         if not 0.0 <= self.gpu_margin_mem_ratio <= 1.0:
             raise ValueError(
-                f"{STRATEGY}(gpu_margin_mem_ratio={self.gpu_margin_mem_ratio!r}) must lie between 0.0 and 1.0: "
+                f"{STRATEGY}(gpu_margin_mem_ratio={self.gpu_margin_mem_ratio!r}) must lie between 0 and 1: "
                 "it is the share of free GPU memory the optimizer may use."
             )
         for name in ("initial_scale", "min_scale", "max_scale", "growth_factor"):
             check_type(STRATEGY, name, getattr(self, name), (int, float))
         if not 0.0 < self.backoff_factor < 1.0:
-            raise ValueError(f"{STRATEGY}(backoff_factor={self.backoff_factor!r}) must lie strictly between 0 and 1.")
+            raise ValueError(
+                f"{STRATEGY}(backoff_factor={self.backoff_factor!r}) must lie strictly between 0 and 1."
+            )
         if self.growth_factor <= 1:
             raise ValueError(f"{STRATEGY}(growth_factor={self.growth_factor!r}) must be greater than 1.")
         if not 0 < self.min_scale <= self.initial_scale <= self.max_scale:
             raise ValueError(
                 f"{STRATEGY}: loss scales must satisfy 0 < min_scale <= initial_scale <= max_scale; got "
-                f"min_scale={self.min_scale!r}, initial_scale={self.initial_scale!r}, max_scale={self.max_scale!r}."
+                f"min_scale={self.min_scale!r}, initial_scale={self.initial_scale!r}, "
+                f"max_scale={self.max_scale!r}."
             )
 
     def warn_obsolete(self) -> None:
@@ -105,7 +108,10 @@ class GeminiSettings:
                 default = GeminiSettings.__dataclass_fields__[name].default
                 if getattr(self, name) != default:
                     warn_obsolete_parameter(
-                        STRATEGY, name, getattr(self, name), "chunk_size is given, so no chunk size is searched."
+                        STRATEGY,
+                        name,
+                        getattr(self, name),
+                        "chunk_size is given, so no chunk size is searched.",
                     )
 
     def warn_precision(self, precision: str) -> None:
@@ -152,7 +158,10 @@ def chunk_arguments(settings: GeminiSettings, world_size: int) -> dict[str, Any]
         # GeminiDDP keys a fixed chunk configuration by the size of the data-parallel group.
         return {
             "chunk_config_dict": {
-                world_size: {"chunk_size": settings.chunk_size, "keep_gathered": not settings.enable_distributed_storage}
+                world_size: {
+                    "chunk_size": settings.chunk_size,
+                    "keep_gathered": not settings.enable_distributed_storage,
+                }
             }
         }
     return {
@@ -173,8 +182,9 @@ def gemini_plugin_arguments(
     """Every GeminiPlugin keyword argument this strategy sets, for one run."""
     if precision not in PRECISIONS:
         raise ValueError(
-            f"{STRATEGY} trains in fp16 or bf16 mixed precision with fp32 master weights (GeminiDDP has no fp32 "
-            f"mode); got precision={precision!r}. Pass precision='16-mixed' or precision='bf16-mixed' to the Trainer."
+            f"{STRATEGY} trains in fp16 or bf16 mixed precision with fp32 master weights "
+            f"(GeminiDDP has no fp32 mode); got precision={precision!r}. "
+            "Pass precision='16-mixed' or precision='bf16-mixed' to the Trainer."
         )
     arguments: dict[str, Any] = {
         **placement_arguments(settings),

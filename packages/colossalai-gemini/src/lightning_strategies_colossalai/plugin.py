@@ -14,9 +14,18 @@ _CAPABILITIES = {
 }
 
 _NAMES = {
-    "colossalai": ("auto", "ColossalAI Gemini, placement 'auto': chunks move between GPU and CPU by measured use"),
-    "colossalai_cuda": ("cuda", "ColossalAI Gemini, placement 'cuda': sharded chunks and optimizer states on GPU"),
-    "colossalai_cpu": ("cpu", "ColossalAI Gemini, placement 'cpu': parameters and optimizer states offloaded to CPU"),
+    "colossalai": (
+        "auto",
+        "ColossalAI Gemini, placement 'auto': chunks move between GPU and CPU by measured use",
+    ),
+    "colossalai_cuda": (
+        "cuda",
+        "ColossalAI Gemini, placement 'cuda': sharded chunks and optimizer states on GPU",
+    ),
+    "colossalai_cpu": (
+        "cpu",
+        "ColossalAI Gemini, placement 'cpu': parameters and optimizer states offloaded to CPU",
+    ),
     "colossalai_auto": ("auto", "ColossalAI Gemini, placement 'auto' (same as 'colossalai')"),
 }
 

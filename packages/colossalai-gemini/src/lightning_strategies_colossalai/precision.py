@@ -8,7 +8,8 @@ hooks see the gradients, and hands the step to GeminiOptimizer.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
@@ -23,8 +24,8 @@ class GeminiPrecision(Precision):
     def __init__(self, precision: str) -> None:
         if precision not in PRECISIONS:
             raise ValueError(
-                f"ColossalAI Gemini supports precision '16-mixed' or 'bf16-mixed', got {precision!r}: GeminiDDP "
-                "keeps half-precision parameters with fp32 master weights and has no fp32 mode. "
+                f"ColossalAI Gemini supports precision '16-mixed' or 'bf16-mixed', got {precision!r}: "
+                "GeminiDDP keeps half-precision parameters with fp32 master weights and has no fp32 mode. "
                 "Pass precision='16-mixed' or precision='bf16-mixed' to the Trainer."
             )
         self.precision = precision  # type: ignore[assignment]
@@ -41,7 +42,8 @@ class GeminiPrecision(Precision):
         self._after_closure(model, optimizer)
         if getattr(model, "automatic_optimization", False) and closure_result is None:
             raise MisconfigurationException(
-                "Skipping backward by returning None from training_step is not supported by ColossalAI Gemini: "
+                "Skipping backward by returning None from training_step is not supported by "
+                "ColossalAI Gemini: "
                 "every rank must take part in each step's gradient reduction."
             )
         # GeminiOptimizer.step unscales, checks overflow (fp16), clips and updates; it takes no closure.

@@ -19,9 +19,9 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
 from lightning_strategies.errors import CapabilityError
 from lightning_strategies.precision import OwnPrecisionMixin
-
 from lightning_strategies_colossalai.backend import load_colossalai
 from lightning_strategies_colossalai.kernels import announce_kernel_build
 from lightning_strategies_colossalai.memory import memory_statistics
@@ -41,9 +41,10 @@ _META_FILE = "meta.pt"
 # established (benchmarks/auto_bf16_nan.py narrows it down), so the combination is refused.
 AUTO_BF16_REASON = (
     "ColossalAI 0.5 Gemini with placement 'auto' and bf16 produced a NaN loss at every step on 1.3B and 2.7B "
-    "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this strategy "
-    "refuses the combination rather than train on silently broken weights. Use precision='16-mixed' with "
-    "placement 'auto', or keep bf16 with strategy='colossalai_cuda' or 'colossalai_cpu'."
+    "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this "
+    "strategy refuses the combination rather than train on silently broken weights. "
+    "Use precision='16-mixed' with placement 'auto', "
+    "or keep bf16 with strategy='colossalai_cuda' or 'colossalai_cpu'."
 )
 # HybridAdam/CPUAdam update bf16 gradients held on CPU with a plain torch fallback that ignores the
 # combined scale GeminiOptimizer passes in, and that scale is how Gemini applies max_norm.
@@ -153,7 +154,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         )
         self.settings.warn_obsolete()
         if not isinstance(shard_size_mb, int) or shard_size_mb <= 0:
-            raise ValueError(f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer.")
+            raise ValueError(
+                f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer."
+            )
         self.shard_size_mb = shard_size_mb
         super().__init__(
             accelerator=accelerator,
@@ -198,7 +201,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
 
         if len(optimizers) != 1:
             raise ValueError(
-                f"ColossalAIStrategy supports exactly one optimizer, configure_optimizers returned {len(optimizers)}."
+                "ColossalAIStrategy supports exactly one optimizer, "
+                f"configure_optimizers returned {len(optimizers)}."
             )
         optimizer = optimizers[0]
         if type(optimizer) not in (HybridAdam, CPUAdam):
@@ -206,7 +210,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
                 f"ColossalAIStrategy needs one of {', '.join(ALLOWED_OPTIMIZERS)} (their chunk-aware kernels "
                 f"update fp32 master weights on GPU and CPU); configure_optimizers returned "
                 f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. For example: "
-                "`from colossalai.nn.optimizer import HybridAdam; return HybridAdam(self.parameters(), lr=1e-3)`."
+                "`from colossalai.nn.optimizer import HybridAdam; "
+                "return HybridAdam(self.parameters(), lr=1e-3)`."
             )
 
     def _check_clipping(self, trainer: Any) -> None:
@@ -219,8 +224,10 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
                 "use Trainer(gradient_clip_algorithm='norm')."
             )
         if self.precision_plugin.gemini_precision == "bf16" and self.settings.placement_policy != "cuda":
-            raise CapabilityError(f"gradient_clip_val={clip} with placement {self.settings.placement_policy!r}: "
-                                  + CPU_BF16_CLIP_REASON)
+            raise CapabilityError(
+                f"gradient_clip_val={clip} with placement {self.settings.placement_policy!r}: "
+                + CPU_BF16_CLIP_REASON
+            )
 
     # ------------------------------------------------------------------------------ environment
 
@@ -242,7 +249,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         seed = [int(torch.randint(0, 2**31 - 1, ()).item())]
         torch.distributed.broadcast_object_list(seed, src=0)
         seed_everything(seed[0], verbose=False)
-        rank_zero_info(f"ColossalAIStrategy: seeded every rank with {seed[0]} so parameters initialise alike.")
+        rank_zero_info(
+            f"ColossalAIStrategy: seeded every rank with {seed[0]} so parameters initialise alike."
+        )
 
     def tensor_init_context(self, empty_init: bool | None = None) -> Any:
         # Gemini places parameters itself (chunk by chunk); creating them on the GPU first would
@@ -338,7 +347,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
     @property
     def gemini_optimizer(self) -> Any:
         if not self.optimizers:
-            raise RuntimeError("ColossalAIStrategy has no optimizer: backward is only possible while fitting.")
+            raise RuntimeError(
+                "ColossalAIStrategy has no optimizer: backward is only possible while fitting."
+            )
         return getattr(self.optimizers[0], "_optimizer", self.optimizers[0])
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -378,7 +389,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         state = self._gemini_model.state_dict(only_rank_0=rank_zero_only)
         if rank_zero_only and not self.is_global_zero:
             return {}
-        return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+        return {
+            key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()
+        }
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         if self.settings.state_dict_type == "sharded":
@@ -403,7 +416,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
             folder.mkdir(parents=True, exist_ok=True)
         self.barrier("colossalai_sharded_checkpoint_folder")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
-        gemini_io.save_model(self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb)
+        gemini_io.save_model(
+            self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb
+        )
         for optimizer in self.optimizers:
             gemini_io.save_optimizer(
                 getattr(optimizer, "_optimizer", optimizer),
@@ -433,12 +448,16 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
                 "state_dict_type='sharded', or at a full checkpoint file."
             )
         if self._gemini_model is None:
-            raise RuntimeError("ColossalAIStrategy loads a sharded checkpoint only after the model is set up.")
+            raise RuntimeError(
+                "ColossalAIStrategy loads a sharded checkpoint only after the model is set up."
+            )
         gemini_io = self._gemini_plugin.get_checkpoint_io()
         gemini_io.load_model(self._gemini_model, str(path / "model"), strict=True)
         if self.optimizers and self.lightning_restore_optimizer:
             if not (path / "optimizer").is_dir():
-                raise ValueError(f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from.")
+                raise ValueError(
+                    f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from."
+                )
             for optimizer in self.optimizers:
                 gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / "optimizer"))
         return torch.load(meta_file, map_location="cpu", weights_only=False)
@@ -454,7 +473,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         if checkpoint.get(_SHARDED_MARKER):
             return
-        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
             getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)
 
     # --------------------------------------------------------------------------------- teardown

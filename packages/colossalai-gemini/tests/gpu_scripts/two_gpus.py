@@ -1,0 +1,89 @@
+"""Two-GPU training and checkpoint round trip (run by tests/test_gpu.py; Lightning launches rank 1).
+
+Usage: python two_gpus.py OUT_FOLDER STATE_DICT_TYPE PLACEMENT PRECISION
+Writes OUT_FOLDER/result.json on rank 0: losses, and whether resumed weights equal uninterrupted ones.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_gpt import TinyGPT
+
+from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+
+def trainer(out: Path, state_dict_type: str, placement: str, precision: str, steps: int) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cuda",
+        devices=2,
+        precision=precision,
+        max_steps=steps,
+        logger=False,
+        strategy=ColossalAIStrategy(placement_policy=placement, state_dict_type=state_dict_type),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        num_sanity_val_steps=0,
+        default_root_dir=out,
+        limit_val_batches=0,
+    )
+
+
+def full_weights(trainer: L.Trainer) -> dict:
+    """Every rank gets the gathered weights (only_rank_0=False), whatever the checkpoint format."""
+    return {
+        key: value.clone()
+        for key, value in trainer.strategy._gemini_model.state_dict(only_rank_0=False).items()
+    }
+
+
+def main() -> None:
+    out, state_dict_type, placement, precision = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    L.seed_everything(7)
+    straight = trainer(out, state_dict_type, placement, precision, steps=6)
+    straight_model = TinyGPT()
+    straight.fit(straight_model)
+    reference = full_weights(straight)
+
+    L.seed_everything(7)
+    first = trainer(out, state_dict_type, placement, precision, steps=3)
+    first.fit(TinyGPT())
+    checkpoint = out / f"half-{state_dict_type}.ckpt"
+    first.save_checkpoint(checkpoint)
+
+    L.seed_everything(7)
+    second = trainer(out, state_dict_type, placement, precision, steps=6)
+    resumed_model = TinyGPT()
+    second.fit(resumed_model, ckpt_path=checkpoint)
+    resumed = full_weights(second)
+
+    gathered = straight.strategy.all_gather(torch.tensor([float(straight.global_rank)], device="cuda"))
+    equal = all(torch.equal(reference[key].float(), resumed[key].float()) for key in reference)
+    max_difference = max(
+        float((reference[key].float() - resumed[key].float()).abs().max()) for key in reference
+    )
+    if straight.is_global_zero:
+        (out / "result.json").write_text(
+            json.dumps(
+                {
+                    "losses": straight_model.losses,
+                    "finite": bool(torch.isfinite(torch.tensor(straight_model.losses)).all()),
+                    "resumed_equal": equal,
+                    "max_difference": max_difference,
+                    "keys": len(reference),
+                    "gathered_ranks": gathered.flatten().tolist(),
+                    "global_step": second.global_step,
+                    "checkpoint_is_folder": checkpoint.is_dir(),
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

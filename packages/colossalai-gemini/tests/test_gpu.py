@@ -1,0 +1,185 @@
+"""GPU tier: real Gemini training through the Trainer (one GPU; two GPUs through a launched script)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+SCRIPTS = Path(__file__).parent / "gpu_scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+
+def gpus(count: int):
+    return pytest.mark.skipif(torch.cuda.device_count() < count, reason=f"needs {count} CUDA GPU(s)")
+
+
+def make_trainer(strategy, precision, tmp_path, **kwargs):
+    import lightning as L
+
+    options = dict(
+        accelerator="cuda",
+        devices=1,
+        precision=precision,
+        strategy=strategy,
+        max_steps=8,
+        limit_val_batches=2,
+        default_root_dir=tmp_path,
+        enable_progress_bar=False,
+        log_every_n_steps=1,
+    )
+    options.update(kwargs)
+    return L.Trainer(**options)
+
+
+@gpus(1)
+@pytest.mark.parametrize(
+    ("name", "precision"),
+    [
+        ("colossalai_cuda", "16-mixed"),
+        ("colossalai_cuda", "bf16-mixed"),
+        ("colossalai_cpu", "16-mixed"),
+        ("colossalai_cpu", "bf16-mixed"),
+        ("colossalai_auto", "16-mixed"),
+        ("colossalai", "16-mixed"),
+    ],
+)
+def test_fit_validate_test_predict_on_one_gpu(tmp_path, name, precision):
+    from lightning.pytorch.loggers import CSVLogger
+    from tiny_gpt import TinyGPT
+
+    model = TinyGPT()
+    trainer = make_trainer(name, precision, tmp_path, logger=CSVLogger(tmp_path))
+    trainer.fit(model)
+    assert len(model.losses) == 8 and all(torch.isfinite(torch.tensor(model.losses)))
+    assert min(model.losses[-3:]) < model.losses[0]  # it learns
+    stats = trainer.strategy.memory_statistics()
+    assert stats["colossalai/model_data_cuda_bytes"] + stats["colossalai/model_data_cpu_bytes"] > 0
+    assert stats["colossalai/optimizer_cuda_bytes"] + stats["colossalai/optimizer_cpu_bytes"] > 0
+    if name == "colossalai_cpu":
+        assert stats["colossalai/optimizer_cpu_bytes"] > stats["colossalai/optimizer_cuda_bytes"]
+    if name.endswith("cuda"):
+        assert stats["colossalai/optimizer_cpu_bytes"] == 0
+    if "auto" in name or name == "colossalai":
+        assert stats["colossalai/non_model_data_cuda_peak_bytes"] > 0
+    logged = (Path(trainer.logger.log_dir) / "metrics.csv").read_text()
+    assert "colossalai/model_data_cuda_bytes" in logged
+
+    assert torch.isfinite(torch.tensor(trainer.validate(model)[0]["val_loss"]))
+    assert torch.isfinite(torch.tensor(trainer.test(model)[0]["test_loss"]))
+    predictions = trainer.predict(model)
+    assert len(predictions) == 2 and all(torch.isfinite(p) for p in predictions)
+
+
+@gpus(1)
+@pytest.mark.parametrize("name", ["colossalai_cuda", "colossalai_cpu", "colossalai_auto"])
+def test_evaluation_without_training(tmp_path, name):
+    from tiny_gpt import TinyGPT
+
+    trainer = make_trainer(name, "16-mixed", tmp_path, logger=False)
+    assert torch.isfinite(torch.tensor(trainer.validate(TinyGPT())[0]["val_loss"]))
+
+
+@gpus(1)
+def test_auto_placement_with_bf16_is_refused_before_training(tmp_path):
+    from lightning_strategies.errors import CapabilityError
+
+    with pytest.raises(CapabilityError, match=r"NaN loss"):
+        make_trainer("colossalai_auto", "bf16-mixed", tmp_path)
+
+
+@gpus(1)
+def test_wrong_optimizer_is_refused_on_gpu(tmp_path):
+    from tiny_gpt import TinyGPT
+
+    with pytest.raises(TypeError, match=r"HybridAdam.*CPUAdam"):
+        make_trainer("colossalai_cuda", "16-mixed", tmp_path, logger=False).fit(TinyGPT(optimizer="adamw"))
+
+
+@gpus(1)
+@pytest.mark.parametrize("optimizer", ["hybrid", "cpu"])
+def test_gradient_accumulation_and_clipping(tmp_path, optimizer):
+    from tiny_gpt import TinyGPT
+
+    name = "colossalai_cpu" if optimizer == "cpu" else "colossalai_cuda"
+    model = TinyGPT(optimizer=optimizer)
+    trainer = make_trainer(
+        name,
+        "16-mixed",
+        tmp_path,
+        logger=False,
+        accumulate_grad_batches=2,
+        gradient_clip_val=0.5,
+        max_steps=4,
+    )
+    trainer.fit(model)
+    assert trainer.global_step == 4 and len(model.losses) == 8
+    assert trainer.strategy.gemini_optimizer.max_norm == 0.5
+    assert trainer.strategy.gemini_optimizer._current_grad_norm is not None
+    assert all(torch.isfinite(torch.tensor(model.losses)))
+
+
+@gpus(1)
+@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
+def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type):
+    import lightning as L
+    from tiny_gpt import TinyGPT
+
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    def run(steps, ckpt_path=None):
+        L.seed_everything(3)
+        trainer = make_trainer(
+            ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type),
+            "16-mixed",
+            tmp_path,
+            logger=False,
+            max_steps=steps,
+            limit_val_batches=0,
+            enable_checkpointing=False,
+        )
+        trainer.fit(TinyGPT(), ckpt_path=ckpt_path)
+        return trainer
+
+    straight = run(6)
+    half = run(3)
+    checkpoint = tmp_path / "half.ckpt"
+    half.save_checkpoint(checkpoint)
+    assert checkpoint.is_dir() == (state_dict_type == "sharded")
+    if state_dict_type == "full":  # the full file is a plain Lightning checkpoint
+        saved = torch.load(checkpoint, weights_only=False)
+        assert saved["state_dict"] and saved["optimizer_states"][0]["state"]
+    resumed = run(6, ckpt_path=checkpoint)
+    assert resumed.global_step == 6
+    reference = (
+        straight.strategy.lightning_module_state_dict(rank_zero_only=False)
+        if state_dict_type == "full"
+        else straight.strategy._gemini_model.state_dict(only_rank_0=False)
+    )
+    result = resumed.strategy._gemini_model.state_dict(only_rank_0=False)
+    for key, value in reference.items():
+        torch.testing.assert_close(result[key], value, rtol=0, atol=0)
+
+
+@gpus(2)
+@pytest.mark.parametrize(
+    ("state_dict_type", "placement", "precision"),
+    [("full", "cuda", "16-mixed"), ("sharded", "cpu", "bf16-mixed")],
+)
+def test_two_gpus_train_and_resume(tmp_path, state_dict_type, placement, precision):
+    subprocess.run(
+        [sys.executable, str(SCRIPTS / "two_gpus.py"), str(tmp_path), state_dict_type, placement, precision],
+        check=True,
+        timeout=900,
+    )
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["finite"] and len(result["losses"]) == 6
+    assert result["gathered_ranks"] == [0.0, 1.0]
+    assert result["checkpoint_is_folder"] == (state_dict_type == "sharded")
+    assert result["global_step"] == 6
+    assert result["resumed_equal"], result["max_difference"]
