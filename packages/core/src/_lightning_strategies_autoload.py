@@ -1,9 +1,10 @@
 """Start-up hook of lightning-strategies, run by ``lightning_strategies_autoload.pth``.
 
 It must cost next to nothing in every Python process, so it imports only ``sys`` and ``os`` and
-does one thing: when Lightning's strategy registries (or connectors) are imported, it hands them
-to ``lightning_strategies.activation``, which fills them with lazy entries. Nothing else of
-ours is imported until then. ``LIGHTNING_STRATEGIES_AUTOLOAD=0`` turns it off.
+does one thing: when Lightning's strategy registries (or connectors, or XLA accelerator) are
+imported, it hands them to ``lightning_strategies.activation``, which fills them with lazy
+entries and lets plugins adjust them. Nothing else of ours is imported until then.
+``LIGHTNING_STRATEGIES_AUTOLOAD=0`` turns it off.
 
 PYTEST_DONT_REWRITE: it runs before pytest starts, so pytest must not try to rewrite it.
 """
@@ -21,6 +22,8 @@ WATCHED_MODULES = frozenset(
         "pytorch_lightning.trainer.connectors.accelerator_connector",
         "lightning.fabric.connector",
         "lightning_fabric.connector",
+        "lightning.fabric.accelerators.xla",
+        "lightning_fabric.accelerators.xla",
     }
 )
 

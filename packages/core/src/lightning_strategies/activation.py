@@ -77,6 +77,9 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
             _patch_connector(getattr(module, class_name), namespace)
         if module_name in _BUILTIN_NAME_GUARDS:
             _lift_builtin_name_guard(module, *_BUILTIN_NAME_GUARDS[module_name])
+        plugins = get_registry().plugin_manager
+        if plugins is not None:
+            plugins.hook.lightning_module_imported(module_name=module_name, module=module)
     except Exception:  # activation must never break `import lightning`
         log.exception(
             "lightning-strategies could not activate %s; registered names may not resolve", module_name

@@ -6,6 +6,7 @@ ask for), so a spec can gain arguments without breaking published plugins.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -42,4 +43,19 @@ def environment_checks() -> list[tuple[str, bool, str]]:
     Return ``(what, ok, detail)`` tuples, e.g. ``("libaio (NVMe offload)", False, "apt-get install
     libaio-dev")``. Keep it fast and side-effect free; core already checks the backend versions
     declared in the distribution's requirements.
+    """
+
+
+@hookspec
+def lightning_module_imported(module_name: str, module: ModuleType) -> None:
+    """Adjust a Lightning module right after Lightning imported it, before anyone uses it.
+
+    Called for the modules core watches (``_lightning_strategies_autoload.WATCHED_MODULES``):
+    the strategy registries, the connectors, and the XLA accelerator modules. For fixes that
+    cannot wait until a strategy is built, such as Lightning's XLA accelerator reaching for the
+    network when it counts devices. Keep it cheap, and import the plugin's heavy parts inside.
+
+    Args:
+        module_name: the module's full name, e.g. ``"lightning.fabric.accelerators.xla"``.
+        module: the module object, fully executed.
     """
