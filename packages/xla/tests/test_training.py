@@ -32,11 +32,15 @@ def small_trainer(tmp_path, **overrides):
 
 def test_conformance_suite_single_xla(tmp_path):
     """fit, validate, test, predict, checkpoint round trip and resume equality (core's conformance kit)."""
-    options = SuiteOptions(strategy="single_xla", accelerator=XLAAccelerator(), devices=1, workdir=str(tmp_path))
+    options = SuiteOptions(
+        strategy="single_xla", accelerator=XLAAccelerator(), devices=1, workdir=str(tmp_path)
+    )
     results = ConformanceSuite(options).run()
     report = "\n".join(f"{result.check}: {result.passed} {result.detail}" for result in results)
     checks = {result.check for result in results}
-    assert {"fit", "validate", "test", "predict", "checkpoint round trip", "resume equality"} <= checks, report
+    assert {"fit", "validate", "test", "predict", "checkpoint round trip", "resume equality"} <= checks, (
+        report
+    )
     assert all(result.passed for result in results), report
 
 
@@ -60,7 +64,11 @@ def test_training_raises_no_torch_xla_deprecation(tmp_path):
         trainer.save_checkpoint(tmp_path / "model.ckpt")
         trainer.validate(model, verbose=False)
         trainer.predict(model)
-    deprecations = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning) and "xla" in str(w.message).lower()]
+    deprecations = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, DeprecationWarning) and "xla" in str(w.message).lower()
+    ]
     assert deprecations == []
 
 
@@ -103,12 +111,18 @@ def test_conformance_on_every_tpu_core(tmp_path):
     """On a TPU VM: xla over all cores (collectives included), then single_xla, via the CLI's suite."""
     from lightning_strategies.conformance import run_check
 
-    from lightning_strategies_xla.lightning_device_count import apply_to_imported_lightning
-
-    apply_to_imported_lightning()
     cores = XLAAccelerator.auto_device_count()
     for name, devices in (("xla", cores), ("single_xla", 1), ("xla", cores)):
         report = run_check(name, accelerator="tpu", devices=devices, workdir=tmp_path / f"{name}-{devices}")
         assert report.passed, str(report)
-    bf16 = run_check("xla", accelerator="tpu", devices=cores, precision="bf16-true", workdir=tmp_path / "bf16")
+    bf16 = run_check(
+        "xla", accelerator="tpu", devices=cores, precision="bf16-true", workdir=tmp_path / "bf16"
+    )
     assert bf16.passed, str(bf16)
+
+
+def test_check_command_passes_for_single_xla_on_pjrt_cpu():
+    """`lightning-strategies check single_xla --accelerator tpu --devices 1`, as a user runs it."""
+    from lightning_strategies.cli import main
+
+    assert main(["check", "single_xla", "--accelerator", "tpu", "--devices", "1"]) == 0

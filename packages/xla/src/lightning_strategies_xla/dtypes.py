@@ -62,7 +62,9 @@ class DtypeConversionMixin:
     def convert_input(self, data: Any) -> Any:
         if not self._is_half:
             return data
-        return apply_to_collection(data, function=_convert_fp_tensor, dtype=torch.Tensor, dst_type=self._desired_dtype)
+        return apply_to_collection(
+            data, function=_convert_fp_tensor, dtype=torch.Tensor, dst_type=self._desired_dtype
+        )
 
     def convert_output(self, data: Any) -> Any:
         if not self._is_half:

@@ -95,7 +95,9 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
     @property
     def root_device(self) -> torch.device:
         if not self._launched:
-            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+            raise RuntimeError(
+                "The XLA device exists only inside the launched processes; it was asked for before."
+            )
         import torch_xla
 
         return torch_xla.device()
@@ -105,12 +107,18 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
         super().setup_environment()
 
     def save_checkpoint(
-        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, filter: Any | None = None
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: Any | None = None,
     ) -> None:
         import torch_xla
 
         torch_xla.sync()  # every rank runs its pending graph before rank 0 writes
-        super(LightningXLAStrategy, self).save_checkpoint(path, state, storage_options=storage_options, filter=filter)
+        super(LightningXLAStrategy, self).save_checkpoint(
+            path, state, storage_options=storage_options, filter=filter
+        )
 
 
 class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
@@ -163,7 +171,9 @@ class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
     @property
     def root_device(self) -> torch.device:
         if not self._launched:
-            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+            raise RuntimeError(
+                "The XLA device exists only inside the launched processes; it was asked for before."
+            )
         import torch_xla
 
         return torch_xla.device()

@@ -3,15 +3,14 @@
 Even with this package's accelerator, ``Trainer.__init__`` logs "TPU available: ..." through
 Lightning's ``XLAAccelerator.is_available()``, and ``accelerator="auto"`` asks it too; both
 reach the GCE metadata server through torch_xla (see devices.py). No accelerator argument avoids
-that call, so the one fix is to give Lightning's class this package's local count. It is meant
-to run when ``lightning.fabric.accelerators.xla`` (or ``lightning_fabric.accelerators.xla``) is
-imported; until core's activation does that, call it by hand.
+that call, so the one fix is to give Lightning's class this package's local count. The plugin's
+``lightning_module_imported`` hook applies it as soon as ``lightning.fabric.accelerators.xla``
+(or ``lightning_fabric.accelerators.xla``) is imported.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from types import ModuleType
 
 LIGHTNING_XLA_ACCELERATOR_MODULES = ("lightning.fabric.accelerators.xla", "lightning_fabric.accelerators.xla")
@@ -39,16 +38,3 @@ def count_devices_locally(module: ModuleType) -> None:
     accelerator.auto_device_count = staticmethod(auto_device_count)
     accelerator.is_available = staticmethod(is_available)
     accelerator._counts_devices_locally = True
-
-
-def apply_to_imported_lightning() -> list[str]:
-    """Apply ``count_devices_locally`` to every Lightning flavour installed; returns the modules changed."""
-    changed = []
-    for name in LIGHTNING_XLA_ACCELERATOR_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        count_devices_locally(module)
-        changed.append(name)
-    return changed

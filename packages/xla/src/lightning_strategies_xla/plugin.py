@@ -2,6 +2,8 @@
 
 from lightning_strategies import hookimpl
 
+from lightning_strategies_xla.lightning_device_count import LIGHTNING_XLA_ACCELERATOR_MODULES
+
 _PRECISIONS = ("32-true", "bf16-true", "16-true")
 # Lightning calls its XLA accelerator "tpu", whatever the PJRT device behind it.
 _ACCELERATORS = ("tpu",)
@@ -39,3 +41,12 @@ def register_strategies(registry):
         fabric_target="lightning_strategies_xla.fabric:XLAFSDPStrategy",
         **common,
     )
+
+
+@hookimpl
+def lightning_module_imported(module_name, module):
+    # Lightning's own XLA accelerator would ask the GCE metadata server for the TPU layout.
+    if module_name in LIGHTNING_XLA_ACCELERATOR_MODULES:
+        from lightning_strategies_xla.lightning_device_count import count_devices_locally
+
+        count_devices_locally(module)
