@@ -119,9 +119,7 @@ def test_builtin_names_stay_lightnings_without_a_replacement(registry, lightning
     assert type(trainer.strategy) is pl.strategies.DDPStrategy
 
 
-def test_a_declared_replacement_lifts_lightnings_cpu_refusal_of_the_name(
-    registry, add_plugin, lightning_registries
-):
+def test_a_declared_replacement_lifts_lightnings_cpu_refusal_of_the_name(registry, add_plugin, lightning_registries):
     import lightning.pytorch as pl
 
     class ReplacesFSDP:

@@ -29,9 +29,7 @@ FORGETFUL = {
 
 @pytest.fixture
 def forgetful(tmp_path, on_path):
-    on_path(
-        write_distribution(tmp_path / "site", "forgetful-dist", FORGETFUL, {"forgetful": "forgetful_plugin"})
-    )
+    on_path(write_distribution(tmp_path / "site", "forgetful-dist", FORGETFUL, {"forgetful": "forgetful_plugin"}))
 
 
 def test_a_sound_strategy_passes_on_two_processes(strategy_conformance):

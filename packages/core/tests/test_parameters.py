@@ -51,8 +51,17 @@ def test_backend_out_of_the_declared_range_is_refused(monkeypatch):
 
 
 def test_parameter_docs_come_from_the_source():
-    docs = {
-        doc.name: doc for doc in parameter_docs("lightning_strategies.conformance.suite:ConformanceSuite")
-    }
+    docs = {doc.name: doc for doc in parameter_docs("lightning_strategies.conformance.suite:ConformanceSuite")}
     assert "options" in docs
     assert parameter_docs("lightning_strategies.nowhere:Nothing") == []
+
+
+def test_a_range_can_be_given_for_backends_installed_without_dependencies(monkeypatch):
+    monkeypatch.setattr("lightning_strategies.backends.installed_version", lambda name: "0.4.0")
+    with pytest.raises(MissingBackendError, match=r"supports pluggy<0.6,>=0.5, but pluggy 0.4.0 is installed"):
+        require_backend(
+            "pluggy",
+            backend_distribution="pluggy",
+            strategy_distribution="lightning-strategies",
+            supported=">=0.5,<0.6",
+        )

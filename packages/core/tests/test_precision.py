@@ -24,9 +24,7 @@ class OwnPrecisionStrategy(OwnPrecisionMixin, SingleDeviceStrategy):
 
 
 def _trainer(strategy, **options):
-    return pl.Trainer(
-        strategy=strategy, accelerator="cpu", logger=False, enable_checkpointing=False, **options
-    )
+    return pl.Trainer(strategy=strategy, accelerator="cpu", logger=False, enable_checkpointing=False, **options)
 
 
 def test_lightnings_default_becomes_the_strategys_own_plugin():

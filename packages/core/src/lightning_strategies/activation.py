@@ -81,9 +81,7 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
         if plugins is not None:
             plugins.hook.lightning_module_imported(module_name=module_name, module=module)
     except Exception:  # activation must never break `import lightning`
-        log.exception(
-            "lightning-strategies could not activate %s; registered names may not resolve", module_name
-        )
+        log.exception("lightning-strategies could not activate %s; registered names may not resolve", module_name)
 
 
 class LazyStrategy:
@@ -111,9 +109,7 @@ class _Unavailable:
         raise self.error
 
 
-def fill_lightning_registry(
-    lightning_registry: Any, namespace: str, registry: StrategyRegistry | None = None
-) -> None:
+def fill_lightning_registry(lightning_registry: Any, namespace: str, registry: StrategyRegistry | None = None) -> None:
     registry = registry or get_registry()
     for entry in registry:
         if entry.target_for(namespace) is None:
@@ -126,9 +122,7 @@ def fill_lightning_registry(
         lightning_registry[entry.name]["init_params"] = dict(entry.init_params)
     for name, entries in registry.clashes().items():
         error = StrategyConflictError(clash_message(name, entries))
-        lightning_registry.register(
-            name, _Unavailable(error), description="unavailable: claimed twice", override=True
-        )
+        lightning_registry.register(name, _Unavailable(error), description="unavailable: claimed twice", override=True)
     for names in PROJECT_PACKAGES.values():
         for name in names:
             if name in registry or name in LIGHTNING_BUILTIN_NAMES or name in lightning_registry:

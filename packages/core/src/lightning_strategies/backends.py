@@ -42,9 +42,18 @@ def require_backend(
     backend_distribution: str,
     strategy_distribution: str,
     install_hint: str | None = None,
+    supported: str | None = None,
 ) -> ModuleType:
-    """Import ``module`` or raise MissingBackendError saying how to install a supported version."""
-    requirement = declared_requirement(strategy_distribution, backend_distribution)
+    """Import ``module`` or raise MissingBackendError saying how to install a supported version.
+
+    ``supported`` (a specifier such as ``">=0.5,<0.6"``) is for backends a package cannot declare
+    as a requirement, such as one installed with ``--no-deps``; otherwise the declared range is used.
+    """
+    requirement = (
+        Requirement(f"{backend_distribution}{supported}")
+        if supported
+        else declared_requirement(strategy_distribution, backend_distribution)
+    )
     spec = f"{backend_distribution}{requirement.specifier}" if requirement else backend_distribution
     how = install_hint or f"pip install '{spec}'"
     version = installed_version(backend_distribution)

@@ -34,13 +34,10 @@ def command_list(arguments: argparse.Namespace) -> int:
         json.dump(
             {
                 "strategies": [
-                    dict(zip(("name", "provider", "supports", "description"), row, strict=True))
-                    for row in rows
+                    dict(zip(("name", "provider", "supports", "description"), row, strict=True)) for row in rows
                 ],
                 "problems": [vars(problem) for problem in registry.problems],
-                "clashes": {
-                    name: [e.provider for e in entries] for name, entries in registry.clashes().items()
-                },
+                "clashes": {name: [e.provider for e in entries] for name, entries in registry.clashes().items()},
                 "not_installed": not_installed,
             },
             sys.stdout,
@@ -54,15 +51,10 @@ def command_list(arguments: argparse.Namespace) -> int:
     for name, provider, supports, description in rows:
         print(f"{name:<{width}}{provider:<{provider_width}}{supports:<16}{description}")
     for name, entries in registry.clashes().items():
-        print(
-            f"\nCLASH  {name!r} is claimed by "
-            + " and ".join(e.provider for e in entries)
-            + "; it cannot be used."
-        )
+        print(f"\nCLASH  {name!r} is claimed by " + " and ".join(e.provider for e in entries) + "; it cannot be used.")
     for problem in registry.problems:
         print(
-            f"\nSKIPPED plugin {problem.plugin!r} ({problem.distribution or 'unknown distribution'}): "
-            f"{problem.reason}"
+            f"\nSKIPPED plugin {problem.plugin!r} ({problem.distribution or 'unknown distribution'}): {problem.reason}"
         )
     if not_installed:
         print("\nMore strategies from this project:")
@@ -132,9 +124,7 @@ def command_check(arguments: argparse.Namespace) -> int:
     name = arguments.name.lower()
     registry = get_registry()
     if name in registry:
-        registry.entry(name).check_capabilities(
-            accelerator=arguments.accelerator, precision=arguments.precision
-        )
+        registry.entry(name).check_capabilities(accelerator=arguments.accelerator, precision=arguments.precision)
     elif name not in LIGHTNING_BUILTIN_NAMES:
         registry.entry(name)  # raises with close matches or the install line
     print(

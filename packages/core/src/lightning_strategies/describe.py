@@ -40,9 +40,7 @@ def parameter_docs(target: str) -> list[ParameterDoc]:
 
 
 def _class_parameters(node: ast.ClassDef) -> list[ParameterDoc]:
-    init = next(
-        (item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None
-    )
+    init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
     if init is None:
         return []
     meanings = {
@@ -51,16 +49,12 @@ def _class_parameters(node: ast.ClassDef) -> list[ParameterDoc]:
     }
     arguments = init.args
     positional = arguments.posonlyargs + arguments.args
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults)) + list(
-        arguments.defaults
-    )
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
     pairs = list(zip(positional, defaults, strict=True)) + list(
         zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)
     )
     return [
-        ParameterDoc(
-            arg.arg, ast.unparse(default) if default is not None else None, meanings.get(arg.arg, "")
-        )
+        ParameterDoc(arg.arg, ast.unparse(default) if default is not None else None, meanings.get(arg.arg, ""))
         for arg, default in pairs
         if arg.arg != "self"
     ]

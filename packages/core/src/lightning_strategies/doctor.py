@@ -54,14 +54,10 @@ def machine_findings() -> list[Finding]:
     for distribution in ("lightning", "pytorch-lightning"):
         version = _version(distribution)
         findings.append(
-            Finding(
-                distribution, version is not None, version or f"not installed: pip install {distribution}"
-            )
+            Finding(distribution, version is not None, version or f"not installed: pip install {distribution}")
         )
     compiler = _tool_version("c++") or _tool_version("g++")
-    findings.append(
-        Finding("C++ compiler (JIT kernels)", compiler is not None, compiler or "apt-get install g++")
-    )
+    findings.append(Finding("C++ compiler (JIT kernels)", compiler is not None, compiler or "apt-get install g++"))
     ninja = importlib.util.find_spec("ninja") is not None or shutil.which("ninja") is not None
     findings.append(Finding("ninja (JIT kernels)", ninja, "found" if ninja else "pip install ninja"))
     nvcc = _tool_version("nvcc")
@@ -74,9 +70,7 @@ def machine_findings() -> list[Finding]:
     )
     libaio = ctypes.util.find_library("aio")
     findings.append(
-        Finding(
-            "libaio (NVMe offload)", libaio is not None, libaio or "not found: apt-get install libaio-dev"
-        )
+        Finding("libaio (NVMe offload)", libaio is not None, libaio or "not found: apt-get install libaio-dev")
     )
     return findings
 

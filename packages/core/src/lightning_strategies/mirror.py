@@ -60,9 +60,7 @@ class _MirrorFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if original_spec is None or original_spec.loader is None:
             return None
         is_package = original_spec.submodule_search_locations is not None
-        spec = importlib.util.spec_from_loader(
-            fullname, self, origin=original_spec.origin, is_package=is_package
-        )
+        spec = importlib.util.spec_from_loader(fullname, self, origin=original_spec.origin, is_package=is_package)
         assert spec is not None
         spec.has_location = original_spec.has_location
         return spec

@@ -11,12 +11,16 @@ class ObsoleteParameterWarning(UserWarning):
     """A parameter from an older API that today's backend no longer uses."""
 
 
-def warn_obsolete_parameter(strategy: str, parameter: str, value: Any, reason: str) -> None:
-    """Accept ``parameter`` but say why it has no effect any more (and what replaced it)."""
+def warn_obsolete_parameter(strategy: str, parameter: str, value: Any, reason: str, stacklevel: int = 3) -> None:
+    """Accept ``parameter`` but say why it has no effect any more (and what replaced it).
+
+    ``stacklevel`` counts from this function: the default points at the caller's caller, the
+    user's constructor call when a strategy's ``__init__`` warns directly.
+    """
     warnings.warn(
         f"{strategy}({parameter}={value!r}) has no effect: {reason}",
         ObsoleteParameterWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 

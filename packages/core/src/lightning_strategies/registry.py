@@ -36,9 +36,7 @@ def import_target(target: Target) -> Any:
     try:
         return getattr(module, attribute)
     except AttributeError:
-        raise ImportError(
-            f"Module {module_name!r} has no attribute {attribute!r} (target {target!r})."
-        ) from None
+        raise ImportError(f"Module {module_name!r} has no attribute {attribute!r} (target {target!r}).") from None
 
 
 def target_text(target: Target) -> str:
@@ -89,9 +87,7 @@ class StrategyEntry:
             return self.fabric_target
         if namespace == "lightning_fabric":
             return _mirrored(self.fabric_target, namespace) if self.fabric_target else None
-        raise ValueError(
-            f"Unknown Lightning namespace {namespace!r}; expected one of {', '.join(NAMESPACES)}."
-        )
+        raise ValueError(f"Unknown Lightning namespace {namespace!r}; expected one of {', '.join(NAMESPACES)}.")
 
     def load_class(self, namespace: str = "lightning.pytorch") -> type:
         """Import the strategy class behind this name (the first heavy step)."""
@@ -120,13 +116,9 @@ class StrategyEntry:
         """Refuse, with the allowed values, a combination the metadata says cannot work."""
         problems = []
         if accelerator and self.accelerators and _accelerator_family(accelerator) not in self.accelerators:
-            problems.append(
-                f"accelerator={accelerator!r} is not supported (supported: {', '.join(self.accelerators)})"
-            )
+            problems.append(f"accelerator={accelerator!r} is not supported (supported: {', '.join(self.accelerators)})")
         if precision and self.precisions and str(precision) not in self.precisions:
-            problems.append(
-                f"precision={precision!r} is not supported (supported: {', '.join(self.precisions)})"
-            )
+            problems.append(f"precision={precision!r} is not supported (supported: {', '.join(self.precisions)})")
         if optimizer and self.optimizers and optimizer not in self.optimizers:
             allowed = ", ".join(self.optimizers)
             problems.append(f"optimizer {optimizer!r} is not supported (use one of: {allowed})")
@@ -317,9 +309,7 @@ class PluginRegistrar:
                 f"accepted: {', '.join(sorted(_METADATA_FIELDS))}."
             )
         if isinstance(target, str) and ":" not in target:
-            raise ValueError(
-                f"register({name!r}): target {target!r} must be written as 'package.module:ClassName'."
-            )
+            raise ValueError(f"register({name!r}): target {target!r} must be written as 'package.module:ClassName'.")
         for key in ("accelerators", "precisions", "optimizers"):
             if metadata.get(key) is not None:
                 metadata[key] = tuple(metadata[key])

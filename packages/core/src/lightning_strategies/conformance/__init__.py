@@ -29,9 +29,7 @@ class CheckReport:
 
     @property
     def passed(self) -> bool:
-        return (
-            self.returncode == 0 and bool(self.results) and all(result["passed"] for result in self.results)
-        )
+        return self.returncode == 0 and bool(self.results) and all(result["passed"] for result in self.results)
 
     def __str__(self) -> str:
         title = (

@@ -35,9 +35,7 @@ class ConformanceModel(LightningModule):
         super().__init__()
         self.optimizer_target = optimizer
         self.learning_rate = learning_rate
-        self.layers = torch.nn.Sequential(
-            torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
-        )
+        self.layers = torch.nn.Sequential(torch.nn.Linear(FEATURES, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
         self.train_losses: list[float] = []
         self.stages_run: set[str] = set()
 

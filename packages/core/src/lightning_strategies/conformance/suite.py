@@ -87,9 +87,7 @@ def _predictions(batches: list[Any] | None) -> torch.Tensor:
     return torch.cat([batch.detach().float().cpu() for batch in batches])
 
 
-def _compare(
-    check: str, got: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str
-) -> CheckResult:
+def _compare(check: str, got: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> CheckResult:
     if got.shape != expected.shape:
         return CheckResult(
             check, False, f"{what}: prediction shapes differ ({tuple(got.shape)} vs {tuple(expected.shape)})"
@@ -99,9 +97,7 @@ def _compare(
     difference = float((got - expected).abs().max())
     scale = float(expected.abs().max()) or 1.0
     passed = difference <= tolerance * max(1.0, scale)
-    return CheckResult(
-        check, passed, f"{what}: max abs difference {difference:.3g} (tolerance {tolerance:g})"
-    )
+    return CheckResult(check, passed, f"{what}: max abs difference {difference:.3g} (tolerance {tolerance:g})")
 
 
 class ConformanceSuite:
@@ -169,8 +165,7 @@ class ConformanceSuite:
             CheckResult(
                 "fit",
                 len(model.train_losses) > 0 and loss_after < loss_before,
-                f"{len(model.train_losses)} steps on this rank, "
-                f"validation loss {loss_before:.4f} -> {loss_after:.4f}",
+                f"{len(model.train_losses)} steps on this rank, validation loss {loss_before:.4f} -> {loss_after:.4f}",
             )
         )
         if trainer.world_size > 1:
@@ -181,9 +176,7 @@ class ConformanceSuite:
         self.results.append(_finite_metric("test", tested, "test_loss"))
         expected_rows = len(loader().dataset) // trainer.world_size
         self.results.append(
-            CheckResult(
-                "predict", predicted.shape[0] == expected_rows, f"{predicted.shape[0]} rows on this rank"
-            )
+            CheckResult("predict", predicted.shape[0] == expected_rows, f"{predicted.shape[0]} rows on this rank")
         )
 
     def check_round_trip_and_resume(self) -> None:
@@ -194,9 +187,7 @@ class ConformanceSuite:
         trainer.save_checkpoint(checkpoint)
         saved = _predictions(trainer.predict(model, dataloaders=loader()))
 
-        restored = _predictions(
-            self.trainer().predict(self.model(seed=99), dataloaders=loader(), ckpt_path=checkpoint)
-        )
+        restored = _predictions(self.trainer().predict(self.model(seed=99), dataloaders=loader(), ckpt_path=checkpoint))
         self.results.append(
             _compare("checkpoint round trip", restored, saved, self.tolerance, "restored vs saved model")
         )
@@ -209,9 +200,7 @@ class ConformanceSuite:
         self.trainer(max_epochs=2).fit(uninterrupted_model, train_dataloaders=loader())
         uninterrupted = _predictions(self.trainer().predict(uninterrupted_model, dataloaders=loader()))
         self.results.append(
-            _compare(
-                "resume equality", resumed, uninterrupted, self.tolerance, "resumed vs uninterrupted run"
-            )
+            _compare("resume equality", resumed, uninterrupted, self.tolerance, "resumed vs uninterrupted run")
         )
 
 
