@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -130,7 +131,7 @@ def main() -> None:
             "optimizer_steps": model.optimizer_steps,
             "backward_calls": model.backward_calls,
             "strategy_class": type(trainer.strategy).__module__ + "." + type(trainer.strategy).__qualname__,
-            "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
+            "config": json.loads(json.dumps(getattr(trainer.strategy, "config", None), default=str)),
             "ds_accelerator": _deepspeed_accelerator(),
             "environment_accelerator": os.environ.get("DS_ACCELERATOR"),
             "learning_rate": trainer.optimizers[0].param_groups[0]["lr"],
@@ -138,7 +139,9 @@ def main() -> None:
         torch.save(result, Path(arguments.out))
 
 
-def _deepspeed_accelerator() -> str:
+def _deepspeed_accelerator() -> str | None:
+    if "deepspeed" not in sys.modules:
+        return None
     from deepspeed.accelerator import get_accelerator
 
     return get_accelerator().device_name()

@@ -52,7 +52,11 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
         return CheckpointLocation(path, None, True)
     if path.joinpath("latest").is_file():
         return CheckpointLocation(path, None, False)
-    tags = sorted(child.name for child in path.iterdir() if child.joinpath(_MODEL_STATES).is_file()) if path.is_dir() else []
+    tags = (
+        sorted(child.name for child in path.iterdir() if child.joinpath(_MODEL_STATES).is_file())
+        if path.is_dir()
+        else []
+    )
     if len(tags) == 1:
         return CheckpointLocation(path, tags[0], path.joinpath(tags[0], "zero").is_dir())
     if path.is_file():
@@ -66,7 +70,9 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
     )
 
 
-def convert_zero_checkpoint(checkpoint: str | os.PathLike, output_file: str | os.PathLike | None = None) -> dict[str, Any]:
+def convert_zero_checkpoint(
+    checkpoint: str | os.PathLike, output_file: str | os.PathLike | None = None
+) -> dict[str, Any]:
     """Merge a (sharded) DeepSpeed checkpoint into one Lightning checkpoint with a plain fp32 state dict.
 
     The result loads with ``torch.load`` + ``load_state_dict`` or ``LightningModule.load_from_checkpoint``,
@@ -78,12 +84,17 @@ def convert_zero_checkpoint(checkpoint: str | os.PathLike, output_file: str | os
     tag = location.tag or location.directory.joinpath("latest").read_text().strip()
     tag_folder = location.directory / tag
     client_state = torch.load(tag_folder / _MODEL_STATES, map_location="cpu", weights_only=False)
-    if any(tag_folder.glob("*optim_states.pt")) and client_state.get("ds_config", {}).get("zero_optimization", {}).get("stage", 0):
+    if any(tag_folder.glob("*optim_states.pt")) and client_state.get("ds_config", {}).get("zero_optimization", {}).get(
+        "stage", 0
+    ):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         state_dict = get_fp32_state_dict_from_zero_checkpoint(str(location.directory), tag=tag)
     else:  # without ZeRO the model-states file holds the whole module
-        state_dict = {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in client_state["module"].items()}
+        state_dict = {
+            name: tensor.float() if tensor.is_floating_point() else tensor
+            for name, tensor in client_state["module"].items()
+        }
     converted = {key: value for key, value in client_state.items() if key not in _DEEPSPEED_KEYS}
     converted["state_dict"] = dict(state_dict)
     if output_file is not None:
@@ -111,9 +122,7 @@ def convert_to_universal(checkpoint: str | os.PathLike, output_dir: str | os.Pat
     environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
     result = subprocess.run(command, capture_output=True, text=True, env=environment)
     if result.returncode != 0:
-        raise RuntimeError(
-            f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}"
-        )
+        raise RuntimeError(f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}")
     output_dir.joinpath("latest_universal").write_text(universal_tag)
     return output_dir
 

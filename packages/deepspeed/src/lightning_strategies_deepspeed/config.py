@@ -129,8 +129,12 @@ def effective_stage(parameters: Mapping[str, Any]) -> int:
 def uses_nvme(parameters: Mapping[str, Any]) -> bool:
     stage = effective_stage(parameters)
     optimizer_on_nvme = parameters["offload_optimizer"] and parameters["offload_optimizer_device"] == "nvme"
-    parameters_on_nvme = stage == 3 and parameters["offload_parameters"] and parameters["offload_params_device"] == "nvme"
-    return stage > 0 and (optimizer_on_nvme or parameters_on_nvme or (stage == 3 and parameters["remote_device"] == "nvme"))
+    parameters_on_nvme = (
+        stage == 3 and parameters["offload_parameters"] and parameters["offload_params_device"] == "nvme"
+    )
+    return stage > 0 and (
+        optimizer_on_nvme or parameters_on_nvme or (stage == 3 and parameters["remote_device"] == "nvme")
+    )
 
 
 def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: bool) -> None:
@@ -250,7 +254,9 @@ def load_user_config(config: str | os.PathLike | Mapping[str, Any] | None) -> di
     except json.JSONDecodeError as error:
         raise ValueError(f"{STRATEGY}: the DeepSpeed config {str(path)!r} is not valid JSON: {error}") from None
     if not isinstance(loaded, dict):
-        raise ValueError(f"{STRATEGY}: the DeepSpeed config {str(path)!r} must hold a JSON object, not {type(loaded).__name__}.")
+        raise ValueError(
+            f"{STRATEGY}: the DeepSpeed config {str(path)!r} must hold a JSON object, not {type(loaded).__name__}."
+        )
     return loaded
 
 
@@ -276,7 +282,9 @@ def add_precision(config: dict[str, Any], precision: str, parameters: Mapping[st
         return
     changed = [name for name in _FP16_ONLY if parameters[name] != DEFAULTS[name]]
     for name in changed:
-        warn_obsolete_parameter(STRATEGY, name, parameters[name], f"loss scaling is for fp16, and precision is {precision!r}.")
+        warn_obsolete_parameter(
+            STRATEGY, name, parameters[name], f"loss scaling is for fp16, and precision is {precision!r}."
+        )
     if precision in ("bf16-mixed", "bf16-true") and "bf16" not in config and "fp16" not in config:
         config["bf16"] = {"enabled": True}
 
@@ -313,7 +321,10 @@ def add_batch_settings(config: dict[str, Any], micro_batch_size: int, accumulati
 
 
 def add_gradient_clipping(config: dict[str, Any], clip_value: float | None, algorithm: str | None) -> None:
+    """Clip as the Trainer says. DeepSpeed's own default clips at norm 1.0, which Lightning users never asked for."""
     if clip_value is None:
+        if config.get("gradient_clipping") in (None, "auto"):
+            config["gradient_clipping"] = 0.0
         return
     if algorithm not in (None, "norm"):
         raise ValueError(

@@ -1,9 +1,9 @@
 """Command line for checkpoint conversion: ``python -m lightning_strategies_deepspeed.convert``.
 
-    python -m lightning_strategies_deepspeed.convert CHECKPOINT_DIR OUTPUT.ckpt
-        one Lightning checkpoint with a plain fp32 state dict (no DeepSpeed needed to load it)
-    python -m lightning_strategies_deepspeed.convert --universal CHECKPOINT_DIR OUTPUT_DIR
-        DeepSpeed's universal checkpoint, to resume on a different number of devices
+python -m lightning_strategies_deepspeed.convert CHECKPOINT_DIR OUTPUT.ckpt
+    one Lightning checkpoint with a plain fp32 state dict (no DeepSpeed needed to load it)
+python -m lightning_strategies_deepspeed.convert --universal CHECKPOINT_DIR OUTPUT_DIR
+    DeepSpeed's universal checkpoint, to resume on a different number of devices
 """
 
 from __future__ import annotations

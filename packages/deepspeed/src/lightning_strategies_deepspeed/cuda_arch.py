@@ -67,5 +67,7 @@ def normalize_environment(environ: MutableMapping[str, str] = os.environ) -> str
     if normal == value:
         return None
     environ[VARIABLE] = normal
-    log.info("%s=%r rewritten to %r for DeepSpeed's op builder, which cannot parse the original.", VARIABLE, value, normal)
+    log.info(
+        "%s=%r rewritten to %r for DeepSpeed's op builder, which cannot parse the original.", VARIABLE, value, normal
+    )
     return normal

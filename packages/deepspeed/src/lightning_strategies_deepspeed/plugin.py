@@ -15,7 +15,10 @@ NAMES = {
         "DeepSpeed ZeRO stage 2 with the optimizer offloaded to CPU",
         {"stage": 2, "offload_optimizer": True},
     ),
-    "deepspeed_stage_3": ("DeepSpeed ZeRO stage 3: parameters, gradients and optimizer states partitioned", {"stage": 3}),
+    "deepspeed_stage_3": (
+        "DeepSpeed ZeRO stage 3: parameters, gradients and optimizer states partitioned",
+        {"stage": 3},
+    ),
     "deepspeed_stage_3_offload": (
         "DeepSpeed ZeRO stage 3 with optimizer and parameters offloaded to CPU",
         {"stage": 3, "offload_optimizer": True, "offload_parameters": True},

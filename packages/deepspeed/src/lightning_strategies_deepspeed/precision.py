@@ -61,7 +61,9 @@ class DeepSpeedPrecision(Precision):
 
     def optimizer_step(self, optimizer: Steppable, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
         if isinstance(optimizer, torch.optim.LBFGS):
-            raise ValueError("DeepSpeed cannot drive LBFGS, whose step re-evaluates the closure. Use another optimizer.")
+            raise ValueError(
+                "DeepSpeed cannot drive LBFGS, whose step re-evaluates the closure. Use another optimizer."
+            )
         self._in_optimizer_step = True
         try:
             closure_result = closure()

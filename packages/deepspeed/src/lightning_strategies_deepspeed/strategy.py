@@ -196,7 +196,9 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
             rank_zero_info(f"Accumulating gradients over {accumulation} batches, as the DeepSpeed config says.")
             trainer.accumulate_grad_batches = accumulation
         settings.add_batch_settings(config, self._micro_batch_size(trainer), accumulation, self.world_size)
-        settings.add_gradient_clipping(config, trainer.gradient_clip_val, _algorithm_name(trainer.gradient_clip_algorithm))
+        settings.add_gradient_clipping(
+            config, trainer.gradient_clip_val, _algorithm_name(trainer.gradient_clip_algorithm)
+        )
         self._config_completed = True
 
     def _micro_batch_size(self, trainer: Any) -> int:
@@ -246,7 +248,9 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
             config.pop("zero_optimization", None)  # nothing to partition without an optimizer
         config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
         config["zero_allow_untested_optimizer"] = True
-        engine, _, _, _ = deepspeed.initialize(config=config, model=model, model_parameters=[], dist_init_required=False)
+        engine, _, _, _ = deepspeed.initialize(
+            config=config, model=model, model_parameters=[], dist_init_required=False
+        )
         self._configure_activation_checkpointing(deepspeed)
         self.model = engine
 
@@ -325,12 +329,19 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside."""
         if storage_options is not None:
-            raise TypeError("DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files.")
+            raise TypeError(
+                "DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files."
+            )
         filepath = self.broadcast(str(filepath))
-        client_state = {key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")}
+        client_state = {
+            key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")
+        }
         client_state.update(checkpoints.universal_info())
         self.model.save_checkpoint(
-            filepath, client_state=client_state, tag=checkpoints.TAG, exclude_frozen_parameters=self.exclude_frozen_parameters
+            filepath,
+            client_state=client_state,
+            tag=checkpoints.TAG,
+            exclude_frozen_parameters=self.exclude_frozen_parameters,
         )
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

@@ -1,0 +1,315 @@
+"""DeepSpeed for ``lightning.Fabric``: the same names, parameters and config as the Trainer strategy.
+
+With Fabric the user writes the loop: ``fabric.backward(loss)`` and ``optimizer.step()`` on every
+micro-batch go to the engine, and DeepSpeed accumulates over the config's
+``gradient_accumulation_steps`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from datetime import timedelta
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.plugins.precision import Precision
+from lightning.fabric.strategies.ddp import DDPStrategy
+from lightning_strategies.parameters import check_choice
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.backend import import_deepspeed
+from lightning_strategies_deepspeed.precision import DTYPES
+
+
+class DeepSpeedFabricPrecision(Precision):
+    """Casts inputs (and, for ``*-true``, the module); the engine does the rest."""
+
+    def __init__(self, precision: str = "32-true") -> None:
+        self.precision = check_choice("DeepSpeedFabricPrecision", "precision", str(precision), tuple(DTYPES))
+        self.dtype = DTYPES[self.precision]
+
+    def convert_module(self, module: Module) -> Module:
+        return module.to(dtype=self.dtype) if self.precision.endswith("-true") else module
+
+    def convert_input(self, data: Any) -> Any:
+        return apply_to_collection(data, torch.Tensor, _to_floating_dtype, self.dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        return apply_to_collection(data, torch.Tensor, _to_floating_dtype, torch.get_default_dtype())
+
+    def backward(self, tensor: torch.Tensor, model: Any, *args: Any, **kwargs: Any) -> None:
+        model.backward(tensor, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        return optimizer.step(**kwargs)  # the engine: it steps on the accumulation boundary
+
+
+def _to_floating_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype) if torch.is_floating_point(tensor) else tensor
+
+
+class DeepSpeedFabricStrategy(DDPStrategy):
+    """Fabric's DeepSpeed strategy; the parameters are those of the Trainer's DeepSpeedStrategy."""
+
+    _own_precision_given = False  # read by the precision setter, which the base constructor calls
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        zero_optimization: bool = True,
+        stage: int = 2,
+        remote_device: str | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        offload_params_device: str = "cpu",
+        nvme_path: str = "/local_nvme",
+        params_buffer_count: int = 5,
+        params_buffer_size: int = 100_000_000,
+        max_in_cpu: int = 1_000_000_000,
+        offload_optimizer_device: str = "cpu",
+        optimizer_buffer_count: int = 4,
+        block_size: int = 1048576,
+        queue_depth: int = 8,
+        single_submit: bool = False,
+        overlap_events: bool = True,
+        thread_count: int = 1,
+        pin_memory: bool = False,
+        sub_group_size: int = 1_000_000_000_000,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        allgather_partitions: bool = True,
+        reduce_scatter: bool = True,
+        allgather_bucket_size: int = 200_000_000,
+        reduce_bucket_size: int = 200_000_000,
+        zero_allow_untested_optimizer: bool = True,
+        logging_batch_size_per_gpu: str | int = "auto",
+        config: str | os.PathLike | dict[str, Any] | None = None,
+        logging_level: int = logging.WARN,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        loss_scale: float = 0,
+        initial_scale_power: int = 16,
+        loss_scale_window: int = 1000,
+        hysteresis: int = 2,
+        min_loss_scale: int = 1,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        contiguous_memory_optimization: bool = False,
+        synchronize_checkpoint_boundary: bool = False,
+        load_full_weights: bool = False,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        exclude_frozen_parameters: bool = False,
+    ) -> None:
+        arguments = locals()
+        parameters = {name: arguments[name] for name in settings.DEFAULTS}
+        settings.validate_parameters(parameters)
+        user_config = settings.load_user_config(config)
+        settings.warn_ineffective_parameters(parameters, config_given=user_config is not None)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self._own_precision_given = precision is not None
+        self.parameters = parameters
+        self.config: dict[str, Any] = user_config if user_config is not None else settings.build_config(parameters)
+        self.remote_device = remote_device
+        self.load_full_weights = load_full_weights
+        self.exclude_frozen_parameters = exclude_frozen_parameters
+        self._engine: Any = None
+        self._config_completed = False
+
+    @property
+    def precision(self) -> Precision:
+        return self._precision if self._precision is not None else DeepSpeedFabricPrecision()
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        if self._own_precision_given and self._precision is not None:
+            return
+        if precision is not None and not isinstance(precision, DeepSpeedFabricPrecision):
+            precision = DeepSpeedFabricPrecision(getattr(precision, "precision", "32-true"))
+        self._precision = precision
+
+    @property
+    def zero_stage_3(self) -> bool:
+        return settings.zero_stage(self.config) == 3
+
+    @property
+    def model(self) -> Any:
+        """The engine: Fabric's optimizer wrapper steps through it."""
+        return self._engine
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def setup_environment(self) -> None:
+        import_deepspeed(self.root_device.type, self.parameters["logging_level"])
+        super().setup_environment()
+
+    def _setup_distributed(self) -> None:
+        super()._setup_distributed()
+        deepspeed = import_deepspeed(self.root_device.type)
+        deepspeed.init_distributed(
+            dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
+        )
+        self._complete_config()
+
+    def _complete_config(self) -> None:
+        if self._config_completed:
+            return
+        settings.add_precision(self.config, self.precision.precision, self.parameters)
+        accumulation = settings.resolve_accumulation(self.config, 1)
+        settings.add_batch_settings(self.config, 1, accumulation, self.world_size)
+        settings.add_gradient_clipping(self.config, None, None)
+        self._config_completed = True
+
+    def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
+        if len(optimizers) != 1:
+            raise ValueError(f"DeepSpeed drives one optimizer per model; got {len(optimizers)}. Set up one per model.")
+        deepspeed = import_deepspeed(self.root_device.type)
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            config=self.config,
+            model=module,
+            model_parameters=[parameter for parameter in module.parameters() if parameter.requires_grad],
+            optimizer=optimizers[0],
+            lr_scheduler=scheduler,
+            dist_init_required=False,
+        )
+        self._engine = engine
+        return engine, [optimizer], scheduler
+
+    def setup_module(self, module: Module) -> Any:
+        deepspeed = import_deepspeed(self.root_device.type)
+        config = {key: self.config[key] for key in ("fp16", "bf16", "zero_optimization") if key in self.config}
+        if not self.zero_stage_3:
+            config.pop("zero_optimization", None)
+        config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
+        engine, _, _, _ = deepspeed.initialize(
+            config=config, model=module, model_parameters=[], dist_init_required=False
+        )
+        self._engine = engine
+        return engine
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        raise NotImplementedError(
+            "DeepSpeed sets up a model and its optimizer together: use fabric.setup(model, optimizer)."
+        )
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
+        if self.zero_stage_3 and empty_init is False:
+            raise NotImplementedError(
+                "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
+            )
+        stack = ExitStack()
+        if not self.zero_stage_3:
+            stack.enter_context(super().module_init_context(empty_init=empty_init))
+        stack.enter_context(self.module_sharded_context())
+        return stack
+
+    def module_sharded_context(self) -> AbstractContextManager:
+        if not self.zero_stage_3:
+            return nullcontext()
+        deepspeed = import_deepspeed(self.root_device.type)
+        return deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=self.config)
+
+    def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
+        engine = module if hasattr(module, "backward") and hasattr(module, "step") else self._engine
+        if engine is None:
+            raise RuntimeError("No model was set up for backward: call fabric.setup(model, optimizer) first.")
+        self._engine = engine  # the optimizer wrapper steps the engine that did the backward
+        self.precision.backward(tensor, engine, *args, **kwargs)
+
+    def clip_gradients_norm(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise NotImplementedError(
+            "DeepSpeed clips gradients inside its step: pass config={'gradient_clipping': max_norm} to the strategy."
+        )
+
+    def clip_gradients_value(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("DeepSpeed clips by the gradients' global norm only, not by value.")
+
+    def save_checkpoint(
+        self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: dict[str, Callable] | None = None
+    ) -> None:
+        """One DeepSpeed checkpoint directory at ``path``; the non-module entries of ``state`` travel inside."""
+        if storage_options is not None or filter is not None:
+            raise TypeError("DeepSpeed writes its own files: storage_options and filter are not supported.")
+        engine = _single_engine(state)
+        client_state = {
+            key: value
+            for key, value in state.items()
+            if not isinstance(value, (Module, Optimizer)) and not _is_deepspeed_optimizer(value)
+        }
+        client_state.update(checkpoints.universal_info())
+        engine.save_checkpoint(
+            str(self.broadcast(str(path))), client_state=client_state, tag=checkpoints.TAG,
+            exclude_frozen_parameters=self.exclude_frozen_parameters,
+        )  # fmt: skip
+
+    def load_checkpoint(
+        self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if isinstance(state, (Module, Optimizer)) or self.load_full_weights:
+            return super().load_checkpoint(path=self.broadcast(str(path)), state=state, strict=strict)
+        if not state:
+            raise ValueError(
+                "Pass the objects to restore: fabric.load(path, {'model': model, 'optimizer': optimizer, ...})."
+            )
+        engine = _single_engine(state)
+        location = checkpoints.locate(self.broadcast(str(path)))
+        if location.universal:
+            engine._config.load_universal_checkpoint = True
+        wants_optimizer = any(
+            isinstance(value, Optimizer) or _is_deepspeed_optimizer(value) for value in state.values()
+        )
+        _, client_state = engine.load_checkpoint(
+            str(location.directory), tag=location.tag, load_optimizer_states=wants_optimizer,
+            load_lr_scheduler_states=False, load_module_strict=strict,
+        )  # fmt: skip
+        if client_state is None:
+            raise RuntimeError(
+                f"DeepSpeed could not load the checkpoint at {str(path)!r} (files missing or unreadable)."
+            )
+        for key in list(state):
+            if key in client_state and not isinstance(state[key], (Module, Optimizer)):
+                value = client_state.pop(key)
+                if hasattr(state[key], "load_state_dict") and isinstance(value, dict):
+                    state[key].load_state_dict(value)
+                else:
+                    state[key] = value
+        return {key: value for key, value in client_state.items() if key not in ("optimizer", "lr_scheduler")}
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """The names are registered by the lightning-strategies plugin (plugin.py)."""
+
+
+def _is_deepspeed_optimizer(value: Any) -> bool:
+    return type(value).__module__.startswith("deepspeed.") and hasattr(value, "step") and not isinstance(value, Module)
+
+
+def _single_engine(state: dict[str, Any]) -> Any:
+    from deepspeed import DeepSpeedEngine
+
+    engines = [value for value in state.values() if isinstance(value, DeepSpeedEngine)]
+    if len(engines) != 1:
+        raise ValueError(
+            f"The checkpoint state must hold exactly one model set up by fabric.setup(); found {len(engines)}. "
+            "Save and load one model per checkpoint."
+        )
+    return engines[0]

@@ -1,0 +1,105 @@
+"""Fixtures for real DeepSpeed runs on CPU: a training program run in fresh processes, and the
+plain-PyTorch reference its results must match."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+PACKAGE = HERE.parent
+# JIT-built DeepSpeed ops (CPUAdam, async I/O) are built once and reused by every run.
+EXTENSIONS_DIR = Path(os.environ.get("TORCH_EXTENSIONS_DIR", PACKAGE / ".cache" / "torch_extensions")).resolve()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run with -m gpu on the GPU machine)")
+    config.addinivalue_line("markers", "tpu: needs a TPU")
+
+
+def clean_environment() -> dict[str, str]:
+    """The user's environment minus DeepSpeed's accelerator switch: the strategy must choose it."""
+    environment = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    environment["TORCH_EXTENSIONS_DIR"] = str(EXTENSIONS_DIR)
+    environment.pop("LOCAL_RANK", None)
+    return environment
+
+
+@pytest.fixture
+def train(tmp_path: Path):
+    """Run tests/train_script.py (2 processes on CPU by default) and return what rank 0 wrote."""
+    counter = iter(range(100))
+
+    def run(strategy: str = "deepspeed", options: dict[str, Any] | None = None, **arguments: Any) -> dict[str, Any]:
+        out = tmp_path / f"result-{next(counter)}.pt"
+        command = [sys.executable, str(HERE / "train_script.py"), "--strategy", strategy, "--out", str(out)]
+        if options:
+            command += ["--strategy-options", json.dumps(options)]
+        for name, value in arguments.items():
+            flag = "--" + name.replace("_", "-")
+            if value is True:
+                command.append(flag)
+            elif value is not None and value is not False:
+                command += [flag, str(value)]
+        result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+        assert result.returncode == 0, f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        return torch.load(out, weights_only=False)
+
+    return run
+
+
+def reference_weights(
+    max_steps: int,
+    batch_size: int = 4,
+    batches: int = 16,
+    accumulate: int = 1,
+    clip: float | None = None,
+    optimizer: str = "sgd",
+    learning_rate: float = 0.05,
+) -> dict[str, torch.Tensor]:
+    """The same training in one process with plain PyTorch: what every data-parallel run must reproduce."""
+    sys.path.insert(0, str(HERE))
+    from train_script import Regression, data
+
+    from lightning.pytorch import seed_everything
+
+    seed_everything(7, workers=True)
+    model = Regression(optimizer)
+    torch_optimizer = (
+        torch.optim.SGD(model.parameters(), lr=learning_rate)
+        if optimizer == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=learning_rate)
+    )
+    steps = 0
+    while steps < max_steps:
+        for index, (inputs, targets) in enumerate(data(batch_size, batches)):
+            loss = torch.nn.functional.mse_loss(model.net(inputs), targets) / accumulate
+            loss.backward()
+            if (index + 1) % accumulate == 0:
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                torch_optimizer.step()
+                torch_optimizer.zero_grad()
+                steps += 1
+                if steps == max_steps:
+                    break
+    return {name: tensor.detach().clone() for name, tensor in model.named_parameters()}
+
+
+def assert_weights_close(
+    actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tolerance: float = 1e-5
+) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=tolerance, rtol=tolerance, msg=name)
+
+
+def assert_weights_differ(actual: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> None:
+    assert any(not torch.allclose(actual[name], other[name], atol=1e-6) for name in other)

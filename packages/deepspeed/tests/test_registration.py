@@ -1,0 +1,73 @@
+"""Every name resolves to this package's classes in a fresh interpreter, with no import of ours."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import clean_environment
+
+from lightning_strategies_deepspeed.plugin import NAMES
+
+PROBE = """
+import json, sys
+names = json.loads(sys.argv[1])
+found = {}
+import lightning, pytorch_lightning
+for name in names:
+    trainer = lightning.Trainer(strategy=name, accelerator="cpu", devices=1, logger=False)
+    standalone = pytorch_lightning.Trainer(strategy=name, accelerator="cpu", devices=1, logger=False)
+    fabric = lightning.Fabric(strategy=name, accelerator="cpu", devices=1)
+    found[name] = [
+        type(trainer.strategy).__module__ + ":" + type(trainer.strategy).__name__,
+        isinstance(standalone.strategy, pytorch_lightning.strategies.Strategy),
+        type(standalone.strategy).__name__,
+        type(fabric._strategy).__module__ + ":" + type(fabric._strategy).__name__,
+        trainer.strategy.config.get("zero_optimization", {}).get("stage"),
+    ]
+print(json.dumps(found))
+"""
+
+
+def test_names_resolve_in_fresh_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(list(NAMES))], capture_output=True, text=True, env=clean_environment()
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(found) == set(NAMES)
+    for name, (trainer_class, standalone_ok, standalone_class, fabric_class, stage) in found.items():
+        assert trainer_class == "lightning_strategies_deepspeed.strategy:DeepSpeedStrategy", name
+        assert standalone_ok and standalone_class == "DeepSpeedStrategy", name
+        assert fabric_class == "lightning_strategies_deepspeed.fabric:DeepSpeedFabricStrategy", name
+        assert stage == NAMES[name][1].get("stage", 2), name
+
+
+def test_listing_imports_nothing_heavy():
+    code = (
+        "import sys; from lightning_strategies import get_registry; "
+        "names = [entry.name for entry in get_registry() if entry.name.startswith('deepspeed')]; "
+        "print(len(names), any(m in sys.modules for m in ('torch', 'deepspeed', 'lightning')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_environment())
+    assert result.stdout.split() == ["7", "False"], result.stderr
+
+
+def test_strategy_construction_does_not_import_deepspeed():
+    """deepspeed must be imported only once the device is known (it fixes its accelerator on import)."""
+    code = (
+        "import sys; import lightning; t = lightning.Trainer(strategy='deepspeed_stage_3', accelerator='cpu', "
+        "devices=1, logger=False); print('deepspeed' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_environment())
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("accelerator", ["mps", "tpu"])
+def test_unsupported_accelerator_is_refused_before_import(accelerator):
+    from lightning_strategies import CapabilityError, get_registry
+
+    with pytest.raises(CapabilityError, match="supported: cpu, cuda"):
+        get_registry().entry("deepspeed").check_capabilities(accelerator=accelerator)
