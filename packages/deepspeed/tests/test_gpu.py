@@ -1,0 +1,63 @@
+"""GPU tier: every name trains a small GPT-style model on one GPU; stages 2 and 3 on two GPUs.
+
+Run on the GPU machine: ``pytest packages/deepspeed/tests -m gpu``. Not run in CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EXTENSIONS_DIR
+
+from lightning_strategies_deepspeed.plugin import NAMES
+
+pytestmark = pytest.mark.gpu
+HERE = Path(__file__).parent
+GPUS = torch.cuda.device_count()
+
+
+def run_gpt(tmp_path: Path, name: str, devices: int, precision: str = "bf16-mixed", extra: list[str] = ()) -> dict:
+    out = tmp_path / "result.json"
+    environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(EXTENSIONS_DIR)}
+    environment.pop("DS_ACCELERATOR", None)
+    command = [sys.executable, str(HERE / "gpt_script.py"), "--strategy", name, "--devices", str(devices),
+               "--precision", precision, "--nvme-path", str(tmp_path), "--out", str(out), *extra]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1200)
+    assert result.returncode == 0, result.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", list(NAMES))
+def test_every_name_trains_gpt_on_one_gpu(tmp_path, name):
+    result = run_gpt(tmp_path, name, devices=1)
+    assert result["deepspeed_accelerator"] == "cuda"
+    assert result["last_loss"] < result["first_loss"]
+
+
+@pytest.mark.skipif(GPUS < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_stages_train_gpt_on_two_gpus(tmp_path, name):
+    result = run_gpt(tmp_path, name, devices=2)
+    assert result["last_loss"] < result["first_loss"]
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_fp16_mixed_with_dynamic_loss_scaling(tmp_path):
+    result = run_gpt(tmp_path, "deepspeed_stage_2", devices=1, precision="16-mixed")
+    assert result["config"]["fp16"]["enabled"] is True
+    assert result["last_loss"] < result["first_loss"]
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+def test_fused_adam_builds_with_hopper_arch_list(tmp_path, monkeypatch):
+    """GPU images set TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed's FusedAdam JIT build must still work."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    result = run_gpt(tmp_path, "deepspeed_stage_2", devices=1, extra=["--config-optimizer"])
+    assert result["last_loss"] < result["first_loss"]
