@@ -1,0 +1,125 @@
+"""Every check of the monorepo as a nox session.
+
+The test matrix is not written here: each package's pyproject.toml declares its runners and
+dependency sets under ``[tool.lightning-strategies.tests]``, and this file turns them into
+sessions named ``tests-<package>-<dependency set>-<runner>``, tagged with the runner and the
+package. GPU and TPU sessions are not default: they run on machines that have one.
+
+    nox -l                    # every session
+    nox -t cpu                # what CI runs
+    nox -t deepspeed          # one package, every runner it has here
+    nox -s demo               # train by strategy name on CPU
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import nox
+import tomllib
+
+ROOT = Path(__file__).parent
+PACKAGES = ROOT / "packages"
+PYTHON = "3.11"
+MARKERS = {"cpu": "not gpu and not tpu", "gpu": "gpu", "tpu": "tpu"}
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = False
+
+
+def package_settings(folder: Path) -> dict:
+    with open(folder / "pyproject.toml", "rb") as handle:
+        return tomllib.load(handle).get("tool", {}).get("lightning-strategies", {}).get("tests", {})
+
+
+def install_system_packages(session: nox.Session, names: list[str]) -> None:
+    """Debian packages a package's tests need (libaio-dev for NVMe offload), where missing."""
+    missing = [name for name in names if not Path(f"/usr/share/doc/{name}").exists()]
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        session.error(f"These tests need the system packages {missing}: sudo apt-get install -y {' '.join(missing)}")
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", *missing, external=True)
+
+
+def install_package(session: nox.Session, folder: Path, dependency_set: list[str], settings: dict) -> None:
+    env = {key: str(value) for key, value in settings.get("env", {}).items()}
+    session.install(*dependency_set, env=env)
+    no_deps = settings.get("install", {}).get("no-deps", [])
+    if no_deps:
+        session.install("--no-deps", *no_deps, env=env)
+    session.install(str(PACKAGES / "core"), str(folder), env=env)
+
+
+def make_test_session(folder: Path, dependency_set_name: str, dependency_set: list[str], runner: str) -> None:
+    settings = package_settings(folder)
+
+    def tests(session: nox.Session) -> None:
+        install_system_packages(session, settings.get("system-packages", []))
+        install_package(session, folder, dependency_set, settings)
+        session.install("pytest", "pytest-timeout")
+        env = {key: str(value) for key, value in settings.get("env", {}).items()}
+        session.run(
+            "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
+            "--timeout=900", "-ra", *session.posargs, env=env,
+        )  # fmt: skip
+
+    tests.__doc__ = f"{folder.name} tests on the {runner} runner, dependency set {dependency_set_name!r}"
+    nox.session(
+        name=f"tests-{folder.name}-{dependency_set_name}-{runner}",
+        python=PYTHON,
+        tags=[runner, folder.name, "tests"],
+        default=runner == "cpu",
+    )(tests)
+
+
+for package_folder in sorted(PACKAGES.iterdir()):
+    if not (package_folder / "pyproject.toml").exists():
+        continue
+    package_tests = package_settings(package_folder)
+    for set_name, requirements in package_tests.get("dependency-sets", {}).items():
+        for runner_name in package_tests.get("runners", ["cpu"]):
+            make_test_session(package_folder, set_name, requirements, runner_name)
+
+
+@nox.session(python=PYTHON, tags=["cpu", "lint"])
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON, tags=["types"], default=False)
+def types(session: nox.Session) -> None:
+    """mypy over core, the package every other one depends on."""
+    session.install("mypy", "torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"))
+    session.run("mypy", str(PACKAGES / "core" / "src"))
+
+
+@nox.session(python=PYTHON, tags=["cpu", "integration"])
+def integration(session: nox.Session) -> None:
+    """Built wheels installed into fresh environments, as users install them."""
+    session.install(
+        "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "pytest", "pytest-timeout", "build"
+    )
+    session.run("pytest", str(ROOT / "integration_tests"), "-m", "not gpu", "-p", "no:cacheprovider", "-ra",
+                "--timeout=1800", *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON, tags=["cpu", "docs"])
+def docs(session: nox.Session) -> None:
+    """The documentation site, with warnings as errors; the hook reference is generated first."""
+    session.install("mkdocs==1.6.1", str(PACKAGES / "core"))
+    session.run("python", str(ROOT / "tools" / "generate_reference.py"))
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(ROOT / "docs" / "_build"))
+
+
+@nox.session(python=PYTHON, tags=["demo"], default=False)
+def demo(session: nox.Session) -> None:
+    """Train a small model by strategy name on CPU (default: fsdp on two processes)."""
+    session.install("torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"), str(PACKAGES / "fsdp"))
+    session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs)
