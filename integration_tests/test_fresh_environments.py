@@ -77,9 +77,11 @@ def test_core_with_one_strategy_package_without_its_backend(wheels, fresh_enviro
         ours = {entry.name: entry.distribution for entry in get_registry()}
         import lightning.pytorch as pl, pytorch_lightning as ptl, lightning.fabric as fabric
         from lightning_strategies.activation import LazyStrategy
+        def lazy_names(registry):
+            return sorted(name for name, data in registry.items() if isinstance(data["strategy"], LazyStrategy))
         lazy = {
-            "lightning.pytorch": sorted(n for n, d in pl.strategies.StrategyRegistry.items() if isinstance(d["strategy"], LazyStrategy)),
-            "pytorch_lightning": sorted(n for n, d in ptl.strategies.StrategyRegistry.items() if isinstance(d["strategy"], LazyStrategy)),
+            "lightning.pytorch": lazy_names(pl.strategies.StrategyRegistry),
+            "pytorch_lightning": lazy_names(ptl.strategies.StrategyRegistry),
         }
         backends = sorted(m for m in ("deepspeed", "colossalai", "torch_xla") if m in sys.modules)
         result = {"ours": ours, "lazy": lazy, "backends_imported": backends, "declared": PROJECT_PACKAGES}
@@ -177,7 +179,8 @@ def test_lightning_cli_resolves_the_name(wheels, fresh_environment, tmp_path):
         "cli = LightningCLI(BoringModel, run=False)\n"
         "print('STRATEGY', type(cli.trainer.strategy).__name__, cli.trainer.strategy.greeting)\n"
     )
+    arguments = ["train.py", "--trainer.strategy=acme", "--trainer.accelerator=cpu", "--trainer.devices=1"]
     result = env.run(
-        f"import runpy, sys; sys.argv = ['train.py', '--trainer.strategy=acme', '--trainer.accelerator=cpu', '--trainer.devices=1']; runpy.run_path({str(script)!r}, run_name='__main__')"
+        f"import runpy, sys; sys.argv = {arguments!r}; runpy.run_path({str(script)!r}, run_name='__main__')"
     )
     assert "STRATEGY AcmeStrategy hi" in result.stdout
