@@ -18,7 +18,7 @@ def test_name_metadata(name, placement):
     assert entry.init_params == {"placement_policy": placement}
     assert entry.accelerators == ("cuda",)
     assert entry.precisions == ("16-mixed", "bf16-mixed")
-    assert entry.optimizers == ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
+    assert entry.optimizers == ("colossalai.nn.optimizer:HybridAdam", "colossalai.nn.optimizer:CPUAdam")
     assert entry.distribution == "lightning-strategies-colossalai-gemini"
 
 

@@ -175,3 +175,26 @@ def test_a_class_is_a_valid_target(registry, add_plugin):
     add_plugin(ByClass)
     assert registry.resolve("by_class").greeting == "hi"
     assert registry.resolve("by_class", greeting="yo").greeting == "yo"
+
+
+def test_a_plugin_registering_a_name_twice_is_skipped_alone(registry, add_plugin):
+    class Twice:
+        @hookimpl
+        def register_strategies(registry):
+            registry.register("twice", "somewhere:Strategy")
+            registry.register("TWICE", "somewhere:Strategy")
+
+    add_plugin(Twice, name="twice")
+    add_plugin(AcmePlugin, name="acme")
+    assert registry.names() == ["acme"]
+    assert "called twice" in registry.problems[0].reason
+
+
+def test_two_entry_points_of_one_distribution_claiming_a_name_clash(registry, add_plugin):
+    class AcmeCopy(AcmePlugin):
+        pass
+
+    add_plugin(AcmePlugin, name="first", distribution="acme-dist")
+    add_plugin(AcmeCopy, name="second", distribution="acme-dist")
+    with pytest.raises(StrategyConflictError, match=r"acme-dist 1\.0 and acme-dist 1\.0"):
+        registry.entry("acme")

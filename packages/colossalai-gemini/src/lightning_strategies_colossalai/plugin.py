@@ -9,7 +9,7 @@ _CAPABILITIES = {
     # GeminiDDP trains in fp16 or bf16 with fp32 master weights; it has no fp32 mode.
     "precisions": ("16-mixed", "bf16-mixed"),
     # GeminiOptimizer accepts only ColossalAI's chunk-aware Adam optimizers.
-    "optimizers": ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam"),
+    "optimizers": ("colossalai.nn.optimizer:HybridAdam", "colossalai.nn.optimizer:CPUAdam"),
     "gradient_accumulation": True,
 }
 

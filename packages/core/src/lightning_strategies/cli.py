@@ -72,6 +72,10 @@ def command_info(arguments: argparse.Namespace) -> int:
     entry = registry.entry(name)
     print(f"{entry.name}: {entry.description}")
     print(f"  provider:      {entry.provider}")
+    if entry.plugin:
+        print(f"  entry point:   {entry.plugin} (LIGHTNING_STRATEGIES_DISABLE={entry.plugin} skips it)")
+    if entry.pip_name:
+        print(f"  install:       pip install {entry.pip_name}")
     print(f"  class:         {target_text(entry.target)}")
     if entry.fabric_target:
         print(f"  fabric class:  {target_text(entry.fabric_target)}")
@@ -152,15 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(handler=command_list)
     info = commands.add_parser("info", help="one strategy: description, defaults, capabilities, provider")
-    info.add_argument("name")
+    info.add_argument("name", help="a strategy name, in any case")
     info.set_defaults(handler=command_info)
     doctor = commands.add_parser("doctor", help="what this machine can run")
     doctor.set_defaults(handler=command_doctor)
     check = commands.add_parser("check", help="run the conformance suite against an installed strategy")
-    check.add_argument("name")
-    check.add_argument("--accelerator", default="cpu")
-    check.add_argument("--devices", type=int, default=1)
-    check.add_argument("--precision", default="32-true")
+    check.add_argument("name", help="the strategy name to check, in any case")
+    check.add_argument("--accelerator", default="cpu", help="Lightning's accelerator flag: cpu, cuda (or gpu), tpu")
+    check.add_argument(
+        "--devices", type=int, default=1, help="devices, one process each; collectives are checked when above 1"
+    )
+    check.add_argument(
+        "--precision", default="32-true", help="Lightning's precision flag; it sets the comparison tolerance"
+    )
     check.add_argument("--timeout", type=float, default=900, help="seconds before all ranks are killed")
     check.set_defaults(handler=command_check)
     return parser

@@ -50,9 +50,36 @@ def target_text(target: Target) -> str:
 class StrategyEntry:
     """Everything known about one strategy name before its class is imported.
 
-    ``target`` builds on ``lightning.pytorch``; the ``pytorch_lightning`` variant is derived
-    from it unless ``pytorch_lightning_target`` is given. Fabric names resolve only where a
-    ``fabric_target`` is registered. Capabilities left as None mean "not restricted".
+    Attributes:
+        name: The string users type, stored in lower case: names are matched case-insensitively.
+        target: The ``lightning.pytorch`` strategy class: ``"package.module:ClassName"`` (imported only
+            when the name is resolved) or the class itself.
+        description: One line shown by ``lightning-strategies list`` and ``info``, and in Lightning's
+            own registry.
+        init_params: Constructor keyword arguments this name stands for, e.g. ``{"stage": 3}``.
+            Arguments a user passes to the class directly take precedence.
+        accelerators: Accelerators the strategy supports, e.g. ``("cpu", "cuda")``; Lightning's
+            ``"gpu"`` counts as ``"cuda"``. Others are refused with a ``CapabilityError`` before the
+            class is imported. None: any.
+        precisions: Lightning precision flags the strategy supports, e.g. ``("32-true",
+            "bf16-mixed")``. Others are refused with a ``CapabilityError``. None: any.
+        optimizers: Optimizer classes the strategy accepts, as ``"package.module:ClassName"``. The
+            conformance suite trains with the first one. None: any.
+        gradient_accumulation: False if the strategy cannot accumulate gradients
+            (``accumulate_grad_batches > 1``).
+        pytorch_lightning_target: The class for ``pytorch_lightning.Trainer``. None: derived from
+            ``target`` by rewriting its imports (mirror.py).
+        fabric_target: The class for ``lightning.Fabric``, as for ``target``. None: the name is not
+            offered to Fabric. The ``lightning_fabric`` class is always derived from it.
+        replaces_builtin: Must be True to register one of Lightning's built-in names (``deepspeed``,
+            ``fsdp``, ``xla``, ...); without it the name is skipped with a reason and Lightning's
+            strategy stays in use.
+        pip_name: The distribution users install to get this name, where it differs from the one
+            registering it.
+        distribution: The installed distribution whose entry point registered the name; None for
+            names registered in-process.
+        version: That distribution's version.
+        plugin: The entry-point name of the plugin, the name ``LIGHTNING_STRATEGIES_DISABLE`` takes.
     """
 
     name: str
@@ -221,8 +248,7 @@ class StrategyRegistry:
             return
         existing = self._entries.get(name)
         if existing is not None:
-            if existing.distribution is not None and existing.distribution == entry.distribution:
-                raise ValueError(f"{entry.provider} registers the strategy name {name!r} twice.")
+            # Even within one distribution (two entry points), a second claim leaves the name unusable.
             del self._entries[name]
             self._clashes[name] = [existing, entry]
             return
@@ -310,9 +336,16 @@ class PluginRegistrar:
             )
         if isinstance(target, str) and ":" not in target:
             raise ValueError(f"register({name!r}): target {target!r} must be written as 'package.module:ClassName'.")
+        if any(entry.name == name.lower() for entry in self.entries):
+            raise ValueError(f"register({name!r}) was called twice by the same plugin.")
         for key in ("accelerators", "precisions", "optimizers"):
             if metadata.get(key) is not None:
                 metadata[key] = tuple(metadata[key])
+        for optimizer in metadata.get("optimizers") or ():
+            if ":" not in optimizer:
+                raise ValueError(
+                    f"register({name!r}): optimizer {optimizer!r} must be written as 'package.module:ClassName'."
+                )
         self.entries.append(
             StrategyEntry(
                 name=name.lower(),
