@@ -66,9 +66,7 @@ def model_state(model: nn.Module, full: bool) -> dict[str, Any]:
 
 def optimizer_state(model: nn.Module, optimizer: Optimizer, full: bool) -> dict[str, Any]:
     """Optimizer state keyed by parameter names, so it loads onto any sharding."""
-    return get_optimizer_state_dict(
-        model, optimizer, options=StateDictOptions(full_state_dict=full, cpu_offload=full)
-    )
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=full, cpu_offload=full))
 
 
 def save_sharded(path: Path, tensors: dict[str, Any], metadata: dict[str, Any], rank: int) -> None:

@@ -297,7 +297,9 @@ def default_blocks(root: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def selected_modules(root: nn.Module, policy: Any, default: Callable[[nn.Module], list[nn.Module]] | None) -> list[nn.Module]:
+def selected_modules(
+    root: nn.Module, policy: Any, default: Callable[[nn.Module], list[nn.Module]] | None
+) -> list[nn.Module]:
     """The submodules of ``root`` (root excluded) a wrap policy selects, outermost first."""
     if policy is None:
         chosen: Iterable[nn.Module] = default(root) if default else []
