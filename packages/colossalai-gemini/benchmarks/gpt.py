@@ -28,9 +28,7 @@ class GPT(torch.nn.Module):
         self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = torch.nn.LayerNorm(width)
         self.head = torch.nn.Linear(width, VOCAB, bias=False)
-        self.register_buffer(
-            "mask", torch.nn.Transformer.generate_square_subsequent_mask(length), persistent=False
-        )
+        self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(length), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         inputs, targets = tokens[:, :-1], tokens[:, 1:]

@@ -33,21 +33,13 @@ def test_fp32_is_refused_with_the_precisions_to_use():
 def test_auto_placement_with_bf16_is_refused_with_the_reason():
     with pytest.raises(CapabilityError, match=r"NaN loss.*colossalai_cuda"):
         ColossalAIStrategy(placement_policy="auto").own_precision_plugin("bf16-mixed")
-    assert (
-        ColossalAIStrategy(placement_policy="auto").own_precision_plugin("16-mixed").gemini_precision
-        == "fp16"
-    )
-    assert (
-        ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("bf16-mixed").gemini_precision
-        == "bf16"
-    )
+    assert ColossalAIStrategy(placement_policy="auto").own_precision_plugin("16-mixed").gemini_precision == "fp16"
+    assert ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("bf16-mixed").gemini_precision == "bf16"
 
 
 def test_optimizer_other_than_hybrid_or_cpu_adam_is_refused():
     adamw = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
-    with pytest.raises(
-        TypeError, match=r"HybridAdam, colossalai.nn.optimizer.CPUAdam.*torch.optim.adamw.AdamW"
-    ):
+    with pytest.raises(TypeError, match=r"HybridAdam, colossalai.nn.optimizer.CPUAdam.*torch.optim.adamw.AdamW"):
         ColossalAIStrategy.check_optimizers([adamw])
 
 

@@ -70,9 +70,7 @@ def test_every_seed_parameter_reaches_gemini_plugin(gloo_world_of_one):
         max_scale=2**20,
     )
     plugin = build_plugin(
-        gemini_plugin_arguments(
-            settings, "16-mixed", world_size=1, accumulate_grad_batches=4, gradient_clip_val=0.5
-        )
+        gemini_plugin_arguments(settings, "16-mixed", world_size=1, accumulate_grad_batches=4, gradient_clip_val=0.5)
     )
     config = plugin.gemini_config
     assert config["force_outputs_fp32"] is True

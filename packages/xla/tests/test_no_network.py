@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-
 BLOCK_SOCKETS = textwrap.dedent(
     """
     import socket

@@ -1,6 +1,7 @@
 """The four names resolve to this package's classes in every Lightning flavour."""
 
 import pytest
+
 from lightning_strategies import get_registry
 
 NAMES = ("xla", "xla_debug", "single_xla", "xla_fsdp")
@@ -44,7 +45,7 @@ def test_fabric_registry_builds_our_strategies(name):
 def test_trainer_xla_fsdp_says_it_is_fabric_only():
     from lightning.pytorch.strategies import StrategyRegistry
 
-    with pytest.raises(ValueError, match="lightning.Fabric only"):
+    with pytest.raises(ValueError, match=r"lightning\.Fabric only"):
         StrategyRegistry.get("xla_fsdp")
 
 
@@ -73,3 +74,20 @@ def test_xla_needs_more_than_one_device_and_says_so():
     strategy = XLAStrategy(parallel_devices=[__import__("torch").device("xla", 0)])
     with pytest.raises(NotImplementedError, match="SingleDeviceXLAStrategy"):
         strategy.setup_distributed()
+
+
+def test_lightnings_accelerator_reports_unavailable_without_torch_xla(monkeypatch):
+    """With this package installed but torch_xla missing (a GPU box), every Trainer must still build."""
+    import types
+
+    from lightning_strategies.errors import MissingBackendError
+    from lightning_strategies_xla import devices
+    from lightning_strategies_xla.lightning_device_count import count_devices_locally
+
+    def missing() -> int:
+        raise MissingBackendError("torch_xla is not installed")
+
+    monkeypatch.setattr(devices, "local_device_count", missing)
+    fake_module = types.SimpleNamespace(XLAAccelerator=type("XLAAccelerator", (), {}))
+    count_devices_locally(fake_module)
+    assert fake_module.XLAAccelerator.is_available() is False

@@ -6,8 +6,8 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning_strategies.conformance.suite import ConformanceSuite, SuiteOptions
 
+from lightning_strategies.conformance.suite import ConformanceSuite, SuiteOptions
 from lightning_strategies_xla import XLAAccelerator
 
 
@@ -32,15 +32,11 @@ def small_trainer(tmp_path, **overrides):
 
 def test_conformance_suite_single_xla(tmp_path):
     """fit, validate, test, predict, checkpoint round trip and resume equality (core's conformance kit)."""
-    options = SuiteOptions(
-        strategy="single_xla", accelerator=XLAAccelerator(), devices=1, workdir=str(tmp_path)
-    )
+    options = SuiteOptions(strategy="single_xla", accelerator=XLAAccelerator(), devices=1, workdir=str(tmp_path))
     results = ConformanceSuite(options).run()
     report = "\n".join(f"{result.check}: {result.passed} {result.detail}" for result in results)
     checks = {result.check for result in results}
-    assert {"fit", "validate", "test", "predict", "checkpoint round trip", "resume equality"} <= checks, (
-        report
-    )
+    assert {"fit", "validate", "test", "predict", "checkpoint round trip", "resume equality"} <= checks, report
     assert all(result.passed for result in results), report
 
 
@@ -65,9 +61,7 @@ def test_training_raises_no_torch_xla_deprecation(tmp_path):
         trainer.validate(model, verbose=False)
         trainer.predict(model)
     deprecations = [
-        str(w.message)
-        for w in caught
-        if issubclass(w.category, DeprecationWarning) and "xla" in str(w.message).lower()
+        str(w.message) for w in caught if issubclass(w.category, DeprecationWarning) and "xla" in str(w.message).lower()
     ]
     assert deprecations == []
 
@@ -115,9 +109,7 @@ def test_conformance_on_every_tpu_core(tmp_path):
     for name, devices in (("xla", cores), ("single_xla", 1), ("xla", cores)):
         report = run_check(name, accelerator="tpu", devices=devices, workdir=tmp_path / f"{name}-{devices}")
         assert report.passed, str(report)
-    bf16 = run_check(
-        "xla", accelerator="tpu", devices=cores, precision="bf16-true", workdir=tmp_path / "bf16"
-    )
+    bf16 = run_check("xla", accelerator="tpu", devices=cores, precision="bf16-true", workdir=tmp_path / "bf16")
     assert bf16.passed, str(bf16)
 
 

@@ -73,9 +73,7 @@ class GeminiSettings:
         for name in ("initial_scale", "min_scale", "max_scale", "growth_factor"):
             check_type(STRATEGY, name, getattr(self, name), (int, float))
         if not 0.0 < self.backoff_factor < 1.0:
-            raise ValueError(
-                f"{STRATEGY}(backoff_factor={self.backoff_factor!r}) must lie strictly between 0 and 1."
-            )
+            raise ValueError(f"{STRATEGY}(backoff_factor={self.backoff_factor!r}) must lie strictly between 0 and 1.")
         if self.growth_factor <= 1:
             raise ValueError(f"{STRATEGY}(growth_factor={self.growth_factor!r}) must be greater than 1.")
         if not 0 < self.min_scale <= self.initial_scale <= self.max_scale:

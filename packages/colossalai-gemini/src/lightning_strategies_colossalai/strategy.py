@@ -154,9 +154,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         )
         self.settings.warn_obsolete()
         if not isinstance(shard_size_mb, int) or shard_size_mb <= 0:
-            raise ValueError(
-                f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer."
-            )
+            raise ValueError(f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer.")
         self.shard_size_mb = shard_size_mb
         super().__init__(
             accelerator=accelerator,
@@ -201,8 +199,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
 
         if len(optimizers) != 1:
             raise ValueError(
-                "ColossalAIStrategy supports exactly one optimizer, "
-                f"configure_optimizers returned {len(optimizers)}."
+                f"ColossalAIStrategy supports exactly one optimizer, configure_optimizers returned {len(optimizers)}."
             )
         optimizer = optimizers[0]
         if type(optimizer) not in (HybridAdam, CPUAdam):
@@ -225,8 +222,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
             )
         if self.precision_plugin.gemini_precision == "bf16" and self.settings.placement_policy != "cuda":
             raise CapabilityError(
-                f"gradient_clip_val={clip} with placement {self.settings.placement_policy!r}: "
-                + CPU_BF16_CLIP_REASON
+                f"gradient_clip_val={clip} with placement {self.settings.placement_policy!r}: " + CPU_BF16_CLIP_REASON
             )
 
     # ------------------------------------------------------------------------------ environment
@@ -249,9 +245,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         seed = [int(torch.randint(0, 2**31 - 1, ()).item())]
         torch.distributed.broadcast_object_list(seed, src=0)
         seed_everything(seed[0], verbose=False)
-        rank_zero_info(
-            f"ColossalAIStrategy: seeded every rank with {seed[0]} so parameters initialise alike."
-        )
+        rank_zero_info(f"ColossalAIStrategy: seeded every rank with {seed[0]} so parameters initialise alike.")
 
     def tensor_init_context(self, empty_init: bool | None = None) -> Any:
         # Gemini places parameters itself (chunk by chunk); creating them on the GPU first would
@@ -347,9 +341,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
     @property
     def gemini_optimizer(self) -> Any:
         if not self.optimizers:
-            raise RuntimeError(
-                "ColossalAIStrategy has no optimizer: backward is only possible while fitting."
-            )
+            raise RuntimeError("ColossalAIStrategy has no optimizer: backward is only possible while fitting.")
         return getattr(self.optimizers[0], "_optimizer", self.optimizers[0])
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -389,9 +381,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         state = self._gemini_model.state_dict(only_rank_0=rank_zero_only)
         if rank_zero_only and not self.is_global_zero:
             return {}
-        return {
-            key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()
-        }
+        return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         if self.settings.state_dict_type == "sharded":
@@ -416,9 +406,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
             folder.mkdir(parents=True, exist_ok=True)
         self.barrier("colossalai_sharded_checkpoint_folder")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
-        gemini_io.save_model(
-            self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb
-        )
+        gemini_io.save_model(self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb)
         for optimizer in self.optimizers:
             gemini_io.save_optimizer(
                 getattr(optimizer, "_optimizer", optimizer),
@@ -448,16 +436,12 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
                 "state_dict_type='sharded', or at a full checkpoint file."
             )
         if self._gemini_model is None:
-            raise RuntimeError(
-                "ColossalAIStrategy loads a sharded checkpoint only after the model is set up."
-            )
+            raise RuntimeError("ColossalAIStrategy loads a sharded checkpoint only after the model is set up.")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
         gemini_io.load_model(self._gemini_model, str(path / "model"), strict=True)
         if self.optimizers and self.lightning_restore_optimizer:
             if not (path / "optimizer").is_dir():
-                raise ValueError(
-                    f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from."
-                )
+                raise ValueError(f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from.")
             for optimizer in self.optimizers:
                 gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / "optimizer"))
         return torch.load(meta_file, map_location="cpu", weights_only=False)

@@ -37,10 +37,7 @@ def trainer(out: Path, state_dict_type: str, placement: str, precision: str, ste
 
 def full_weights(trainer: L.Trainer) -> dict:
     """Every rank gets the gathered weights (only_rank_0=False), whatever the checkpoint format."""
-    return {
-        key: value.clone()
-        for key, value in trainer.strategy._gemini_model.state_dict(only_rank_0=False).items()
-    }
+    return {key: value.clone() for key, value in trainer.strategy._gemini_model.state_dict(only_rank_0=False).items()}
 
 
 def main() -> None:
@@ -65,9 +62,7 @@ def main() -> None:
 
     gathered = straight.strategy.all_gather(torch.tensor([float(straight.global_rank)], device="cuda"))
     equal = all(torch.equal(reference[key].float(), resumed[key].float()) for key in reference)
-    max_difference = max(
-        float((reference[key].float() - resumed[key].float()).abs().max()) for key in reference
-    )
+    max_difference = max(float((reference[key].float() - resumed[key].float()).abs().max()) for key in reference)
     if straight.is_global_zero:
         (out / "result.json").write_text(
             json.dumps(

@@ -59,9 +59,7 @@ class XLAAccelerator(LightningXLAAccelerator):
 
 def _parse_device_request(requested: int | str | list[int]) -> int | list[int]:
     if isinstance(requested, bool):
-        raise TypeError(
-            f"devices={requested!r} must be a number of devices or a list of indices, not a bool."
-        )
+        raise TypeError(f"devices={requested!r} must be a number of devices or a list of indices, not a bool.")
     if isinstance(requested, int):
         return requested
     if isinstance(requested, str):
@@ -72,9 +70,7 @@ def _parse_device_request(requested: int | str | list[int]) -> int | list[int]:
             try:
                 return [int(part) for part in text.split(",") if part.strip()]
             except ValueError:
-                raise ValueError(
-                    f"devices={requested!r} is not a number of devices or a list like '0'."
-                ) from None
+                raise ValueError(f"devices={requested!r} is not a number of devices or a list like '0'.") from None
     if isinstance(requested, (list, tuple)) and all(isinstance(index, int) for index in requested):
         return list(requested)
     raise TypeError(f"devices={requested!r} must be an int, a string like '1', or a list of device indices.")

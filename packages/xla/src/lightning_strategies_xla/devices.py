@@ -84,9 +84,7 @@ def _positive_int_from_environment(variable: str, default: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(
-            f"{variable}={text!r} must be a whole number of XLA devices, e.g. {variable}=1."
-        ) from None
+        raise ValueError(f"{variable}={text!r} must be a whole number of XLA devices, e.g. {variable}=1.") from None
     if value < 1:
         raise ValueError(f"{variable}={text!r} must be at least 1.")
     return value

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
 from lightning.fabric.utilities.apply_func import apply_to_collection
+
 from lightning_strategies.parameters import check_choice
 
 PRECISION_DTYPES = {"32-true": torch.float32, "bf16-true": torch.bfloat16, "16-true": torch.float16}
@@ -62,9 +63,7 @@ class DtypeConversionMixin:
     def convert_input(self, data: Any) -> Any:
         if not self._is_half:
             return data
-        return apply_to_collection(
-            data, function=_convert_fp_tensor, dtype=torch.Tensor, dst_type=self._desired_dtype
-        )
+        return apply_to_collection(data, function=_convert_fp_tensor, dtype=torch.Tensor, dst_type=self._desired_dtype)
 
     def convert_output(self, data: Any) -> Any:
         if not self._is_half:

@@ -17,9 +17,9 @@ from lightning.fabric.strategies.single_xla import SingleDeviceXLAStrategy as Li
 from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
+
 from lightning_strategies.parameters import check_type
 from lightning_strategies.precision import is_stock_precision
-
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
 from lightning_strategies_xla.strategy import DEBUG_LEVEL, DEBUG_VARIABLE
@@ -95,9 +95,7 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
     @property
     def root_device(self) -> torch.device:
         if not self._launched:
-            raise RuntimeError(
-                "The XLA device exists only inside the launched processes; it was asked for before."
-            )
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
         import torch_xla
 
         return torch_xla.device()
@@ -116,9 +114,7 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
         import torch_xla
 
         torch_xla.sync()  # every rank runs its pending graph before rank 0 writes
-        super(LightningXLAStrategy, self).save_checkpoint(
-            path, state, storage_options=storage_options, filter=filter
-        )
+        super(LightningXLAStrategy, self).save_checkpoint(path, state, storage_options=storage_options, filter=filter)
 
 
 class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
@@ -171,9 +167,7 @@ class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
     @property
     def root_device(self) -> torch.device:
         if not self._launched:
-            raise RuntimeError(
-                "The XLA device exists only inside the launched processes; it was asked for before."
-            )
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
         import torch_xla
 
         return torch_xla.device()

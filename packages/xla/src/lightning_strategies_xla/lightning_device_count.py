@@ -32,7 +32,7 @@ def count_devices_locally(module: ModuleType) -> None:
     def is_available() -> bool:
         try:
             return auto_device_count() > 0
-        except (ValueError, OSError):
+        except (ValueError, OSError, ImportError):  # ImportError: torch_xla is not installed at all
             return False
 
     accelerator.auto_device_count = staticmethod(auto_device_count)

@@ -1,7 +1,6 @@
 """Registers the XLA strategy names; imports nothing heavy (no torch, no torch_xla)."""
 
 from lightning_strategies import hookimpl
-
 from lightning_strategies_xla.lightning_device_count import LIGHTNING_XLA_ACCELERATOR_MODULES
 
 _PRECISIONS = ("32-true", "bf16-true", "16-true")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.types import Optimizable

@@ -19,9 +19,9 @@ from lightning.pytorch.strategies.single_xla import (
     SingleDeviceXLAStrategy as LightningSingleDeviceXLAStrategy,
 )
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
+
 from lightning_strategies.parameters import check_type
 from lightning_strategies.precision import OwnPrecisionMixin
-
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import forget_stock_environment
 from lightning_strategies_xla.precision import XLAPrecision
@@ -93,25 +93,19 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
     @property
     def root_device(self) -> torch.device:
         if not self._launched:
-            raise RuntimeError(
-                "The XLA device exists only inside the launched processes; it was asked for before."
-            )
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
         import torch_xla
 
         return torch_xla.device()
 
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
         import torch_xla
 
         # Every rank runs its pending graph first, so no rank waits in a collective the others skipped.
         torch_xla.sync()
         # Skips XLAStrategy.save_checkpoint (which calls the deprecated xm.mark_step) for the
         # rank-0 write below it.
-        super(LightningXLAStrategy, self).save_checkpoint(
-            checkpoint, filepath, storage_options=storage_options
-        )
+        super(LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
 
 class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
@@ -156,9 +150,7 @@ class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy
             self._xla_device = torch_xla.device(self._device_index)
         return self._xla_device
 
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
         import torch_xla
 
         torch_xla.sync()  # materialise the last step's weights before they are copied to CPU
@@ -181,7 +173,7 @@ class XLAFSDPStrategy:
 
 
 def _device_index(device: int | torch.device | None) -> int | None:
-    if device is None or isinstance(device, int) and not isinstance(device, bool):
+    if device is None or (isinstance(device, int) and not isinstance(device, bool)):
         return device
     if isinstance(device, torch.device) and device.type == "xla":
         return device.index
