@@ -8,6 +8,7 @@ processes.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -178,7 +179,7 @@ class FSDP2Strategy(ParallelStrategy):
         rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
 
     def setup(self, trainer: pl.Trainer) -> None:
-        from torch.distributed.fsdp import FullyShardedDataParallel, register_fsdp_forward_method
+        from torch.distributed.fsdp import FullyShardedDataParallel
 
         assert self.accelerator is not None
         assert self.model is not None
@@ -192,7 +193,7 @@ class FSDP2Strategy(ParallelStrategy):
         mp_policy = self.options.mp_policy or mixed_precision_for(str(self.precision_plugin.precision))
         shard_model(self.model, self.options, self.device_mesh, self.root_device, mp_policy)
         for method in STEP_METHODS:
-            register_fsdp_forward_method(self.model, method)
+            _register_step_method(self.model, method)
         self.barrier()
 
         if trainer.state.fn == TrainerFn.FITTING:
@@ -307,3 +308,17 @@ class FSDP2Strategy(ParallelStrategy):
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         pass  # load_checkpoint loaded the optimizer states already
+
+
+def _register_step_method(module: torch.nn.Module, method: str) -> None:
+    """Make FSDP2 all-gather around a step method as around forward, keeping the method's signature
+    (Lightning inspects it, for example for ``dataloader_idx``)."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    original = getattr(type(module), method, None)
+    if original is None:
+        return
+    register_fsdp_forward_method(module, method)
+    wrapper = getattr(getattr(module, method), "__func__", None)
+    if wrapper is not None:
+        wrapper.__signature__ = inspect.signature(original)

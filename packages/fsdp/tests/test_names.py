@@ -1,0 +1,146 @@
+"""Names resolve in fresh interpreters; bad arguments fail with the allowed values; the plugin stays light;
+and the core conformance suite passes for every name on 2 CPU processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from lightning_strategies.parameters import ObsoleteParameterWarning
+from lightning_strategies_fsdp.options import parse_options
+
+NAMES = ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard")
+
+RESOLVE = """
+import lightning, pytorch_lightning
+from lightning.fabric import Fabric
+names = {names!r}
+for name in names:
+    trainer = lightning.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False)
+    print("lightning", name, type(trainer.strategy).__name__, trainer.strategy.options.sharding_strategy)
+    trainer = pytorch_lightning.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False)
+    print("pytorch_lightning", name, type(trainer.strategy).__name__,
+          isinstance(trainer.strategy, pytorch_lightning.strategies.ParallelStrategy))
+    fabric = Fabric(strategy=name, accelerator="cpu", devices=2)
+    print("fabric", name, type(fabric.strategy).__name__)
+"""
+
+
+def test_every_name_resolves_in_a_fresh_interpreter() -> None:
+    """No import of this package: the start-up hook of core makes the names work (Lightning's own
+    "FSDP requires a GPU" guard included, which core lifts for replaced names)."""
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE.format(names=NAMES)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = set(done.stdout.splitlines())
+    expected_sharding = {
+        "fsdp": "FULL_SHARD",
+        "fsdp_cpu_offload": "FULL_SHARD",
+        "fsdp_shard_grad_op": "SHARD_GRAD_OP",
+        "fsdp_hybrid_shard": "HYBRID_SHARD",
+        "fsdp_no_shard": "NO_SHARD",
+    }
+    for name in NAMES:
+        assert f"lightning {name} FSDP2Strategy {expected_sharding[name]}" in lines
+        assert f"pytorch_lightning {name} FSDP2Strategy True" in lines
+        assert f"fabric {name} FSDP2FabricStrategy" in lines
+
+
+def test_plugin_module_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, lightning_strategies_fsdp.plugin\n"
+        "heavy = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
+        "print(heavy)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LIGHTNING_STRATEGIES_AUTOLOAD": "0"},
+    )
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        ({"sharding_strategy": "ZERO3"}, ValueError, "'FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD', 'HYBRID_SHARD'"),
+        ({"backward_prefetch": "SOMETIMES"}, ValueError, "None, 'BACKWARD_PRE', 'BACKWARD_POST'"),
+        ({"cpu_offload": "yes"}, TypeError, "must be a bool, torch.distributed.fsdp.CPUOffload"),
+        ({"mixed_precision": "bf16"}, TypeError, "MixedPrecisionPolicy"),
+        ({"mixed_precision": {"param_type": torch.bfloat16}}, ValueError, "Allowed: param_dtype"),
+        ({"auto_wrap_policy": 42}, TypeError, "set of nn.Module classes"),
+        ({"device_mesh": (2, "x")}, TypeError, "(number of replicas, shard group size)"),
+        ({"forward_prefetch": "yes"}, TypeError, "must be bool"),
+        ({"param_init_fn": 3}, TypeError, "callable taking a module"),
+        ({"flatten_parameters": True}, TypeError, "accepts: shard_placement_fn, ignored_params"),
+    ],
+)
+def test_wrong_values_name_the_allowed_ones(arguments: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_options(**arguments)
+
+
+def test_wrong_state_dict_type_is_refused() -> None:
+    from lightning_strategies_fsdp.strategy import FSDP2Strategy
+
+    with pytest.raises(ValueError, match="Choose one of: 'sharded', 'full'"):
+        FSDP2Strategy(state_dict_type="local")
+
+
+def test_fsdp1_values_map_onto_fsdp2() -> None:
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, CPUOffloadPolicy, MixedPrecision, ShardingStrategy
+
+    options = parse_options(
+        sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+        cpu_offload=CPUOffload(offload_params=True),
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+    )
+    assert (options.mesh_layout, options.reshard_after_forward) == ("hybrid", True)
+    assert isinstance(options.offload_policy, CPUOffloadPolicy)
+    assert options.mp_policy.param_dtype == torch.bfloat16
+    assert options.mp_policy.reduce_dtype == torch.float32
+    assert parse_options(sharding_strategy="shard_grad_op").reshard_after_forward is False
+
+
+def test_fsdp1_only_settings_warn() -> None:
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parse_options(
+            backward_prefetch=BackwardPrefetch.BACKWARD_POST,
+            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16),
+            device_id=0,
+        )
+    messages = [str(warning.message) for warning in caught if issubclass(warning.category, ObsoleteParameterWarning)]
+    assert any("backward_prefetch" in message and "BACKWARD_PRE" in message for message in messages)
+    assert any("buffer_dtype" in message for message in messages)
+    assert any("device_id" in message for message in messages)
+
+
+def test_hybrid_mesh_must_match_the_world_size() -> None:
+    from lightning_strategies_fsdp.options import mesh_shape
+
+    options = parse_options(sharding_strategy="HYBRID_SHARD", device_mesh=(3, 1))
+    with pytest.raises(ValueError, match="product of 2"):
+        mesh_shape(options, world_size=2, num_nodes=1)
+    assert mesh_shape(parse_options(sharding_strategy="HYBRID_SHARD"), world_size=8, num_nodes=2) == (2, 4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_conformance_suite(name: str, tmp_path) -> None:
+    conformance = pytest.importorskip("lightning_strategies.conformance")
+    report = conformance.run_check(name, accelerator="cpu", devices=2, workdir=tmp_path)
+    assert report.passed, str(report)
