@@ -1,0 +1,103 @@
+"""GPU tier (run with `pytest packages/fsdp/tests -m gpu` on the GPU machine): the CPU scenarios on CUDA,
+fp16 with its gradient scaler, CPU offload next to a GPU, and torch.compile with inductor."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read, run_group
+
+pytestmark = pytest.mark.gpu
+
+needs_one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+
+
+@pytest.fixture()
+def on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FSDP_SCENARIO_ACCELERATOR", "cuda")
+
+
+def _tiny_fit(strategy, precision: str, compile_backend: str | None = None):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "scripts"))
+    import scenarios
+
+    scenarios.ACCELERATOR = "cuda"
+    module = scenarios.TinyTransformer(compile_backend=compile_backend)
+    trainer = scenarios.trainer(strategy, steps=3, devices=1, precision=precision)
+    trainer.fit(module, scenarios.loader(), scenarios.loader())
+    return trainer, module
+
+
+@needs_one_gpu
+def test_one_gpu_fp16_mixed_uses_a_gradient_scaler() -> None:
+    trainer, module = _tiny_fit("fsdp", "16-mixed")
+    assert trainer.precision_plugin.scaler is not None
+    assert module.seen_compute_dtypes == {"torch.float16"}
+    assert {param.dtype for param in module.parameters()} == {torch.float32}
+    assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
+
+
+@needs_one_gpu
+def test_one_gpu_bf16_mixed_and_cpu_offload() -> None:
+    trainer, module = _tiny_fit("fsdp_cpu_offload", "bf16-mixed")
+    assert module.seen_compute_dtypes == {"torch.bfloat16"}
+    assert {param.device.type for param in module.parameters()} == {"cpu"}  # shards live in host memory
+    assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
+
+
+@needs_one_gpu
+def test_one_gpu_torch_compile_with_inductor() -> None:
+    trainer, module = _tiny_fit("fsdp", "bf16-mixed", compile_backend="inductor")
+    assert all(block._compiled_call_impl is not None for block in module.blocks)
+    assert math.isfinite(float(trainer.callback_metrics["train_loss"]))
+
+
+@needs_two_gpus
+def test_two_gpus_every_name_trains_saves_and_resumes(on_cuda: None, tmp_path: Path) -> None:
+    out = run_group("names", tmp_path / "names")
+    for label in ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard"):
+        result = read(out, label)
+        assert result["resumed_weights_equal_saved"], label
+        assert result["resumed_global_step"] == 4, label
+
+
+@needs_two_gpus
+def test_two_gpus_resume_equals_uninterrupted_and_loads_on_one(on_cuda: None, tmp_path: Path) -> None:
+    reference = run_group("reference", tmp_path / "reference")
+    (checkpoint,) = (reference / "every_4").iterdir()
+    out = run_group("resume", tmp_path / "resume", "--checkpoint", str(checkpoint), "--tag", "gpu")
+    resumed = torch.load(out / "resumed_8_gpu.pt", weights_only=True)
+    uninterrupted = torch.load(reference / "uninterrupted_8.pt", weights_only=True)
+    for key in uninterrupted:
+        torch.testing.assert_close(resumed[key], uninterrupted[key], rtol=1e-4, atol=1e-5)
+    one = run_group("resume", tmp_path / "one", "--checkpoint", str(reference / "sharded_4"), "--devices", "1", "--tag", "one")
+    assert read(one, "resume_one")["world_size"] == 1
+
+
+@needs_two_gpus
+def test_two_gpus_fabric(on_cuda: None, tmp_path: Path) -> None:
+    result = read(run_group("fabric", tmp_path / "fabric"), "fabric")
+    assert result["loaded_weights_equal"]
+    assert result["optimizer_state_loaded"]
+
+
+@needs_one_gpu
+@pytest.mark.skipif(os.environ.get("FSDP_BENCHMARK") != "1", reason="set FSDP_BENCHMARK=1 to run the 1.3B benchmark")
+def test_benchmark_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "benchmarks" / "gpt_throughput.py"
+    out = tmp_path / "benchmark.json"
+    subprocess.run([sys.executable, str(script), "compare", "--out", str(out)], check=True)
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["trainer"]["losses_finite"] and result["by_hand"]["losses_finite"]
