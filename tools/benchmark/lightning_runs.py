@@ -1,0 +1,114 @@
+"""Runs through Lightning's Trainer: our strategies by name, and Lightning's own strategy classes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from tools.benchmark import optimizers
+from tools.benchmark.catalogue import Run
+from tools.benchmark.measure import RandomTokens, Recorder, Workload
+from tools.benchmark.model import GPT, Block
+from tools.benchmark.sizes import SIZES
+
+
+class GPTModule(LightningModule):
+    """The benchmark GPT, built in configure_model so each strategy decides where and how it is created."""
+
+    def __init__(self, workload: Workload, optimizer: str) -> None:
+        super().__init__()
+        self.workload, self.optimizer_name = workload, optimizer
+        self.gpt: GPT | None = None
+
+    def configure_model(self) -> None:
+        if self.gpt is None:
+            self.gpt = GPT(SIZES[self.workload.size], self.workload.length)
+
+    def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
+        assert self.gpt is not None
+        return self.gpt(batch)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return optimizers.build(self.optimizer_name, self.parameters())
+
+
+class RecordSteps(Callback):
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+        self.recorder: Recorder | None = None
+        self.first_step_at: float | None = None
+
+    def on_train_start(self, trainer: Trainer, module: LightningModule) -> None:
+        self.recorder = Recorder(self.workload, trainer.strategy.root_device)
+
+    def on_train_batch_start(self, *arguments: Any) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs: Any, *arguments: Any) -> None:
+        assert self.recorder is not None
+        self.recorder.step_ended(outputs["loss"])
+
+
+def strategy_for(run: Run) -> Any:
+    """The strategy argument of the Trainer: a name for our packages, a class instance for Lightning's own."""
+    if run.kind == "trainer":
+        return run.name
+    if run.name == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+        from torch.distributed.fsdp import MixedPrecision
+
+        # The same blocks sharded and the same dtypes as FSDP2 by hand and as our fsdp strategy.
+        mixed = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
+        return FSDPStrategy(auto_wrap_policy={Block}, mixed_precision=mixed)
+    optimizers.plain_cuda_architectures()  # both remaining built-ins are DeepSpeed's
+    if run.name == "deepspeed_stage_2":
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(stage=2)
+    if run.name == "deepspeed_stage_3_offload":
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(stage=3, offload_optimizer=True, offload_parameters=True)
+    raise ValueError(f"No Lightning built-in strategy is set up for {run.id!r}.")
+
+
+def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | None:
+    """Train and return the measurements on global rank 0 (None on the other ranks)."""
+    recorder = RecordSteps(workload)
+    trainer = Trainer(
+        accelerator=workload.accelerator,
+        devices=workload.devices,
+        strategy=strategy_for(run),
+        precision=run.precision,
+        max_steps=workload.steps,
+        callbacks=[recorder],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    loader = torch.utils.data.DataLoader(RandomTokens(workload), batch_size=workload.batch_size)
+    trainer.fit(GPTModule(workload, run.optimizer), loader)
+    if trainer.global_rank != 0:
+        return None
+    assert recorder.recorder is not None and recorder.first_step_at is not None
+    strategy = trainer.strategy
+    return {
+        **recorder.recorder.result(),
+        "setup_seconds": recorder.first_step_at - started,
+        "strategy_class": f"{type(strategy).__module__}.{type(strategy).__qualname__}",
+        "backend_config": backend_config(strategy),
+    }
+
+
+def backend_config(strategy: Any) -> Any:
+    """What the strategy handed its backend, where it keeps it, to compare with the by-hand run's."""
+    config = getattr(strategy, "config", None)  # DeepSpeed: the config passed to deepspeed.initialize
+    if isinstance(config, dict):
+        return config
+    return None

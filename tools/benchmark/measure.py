@@ -1,0 +1,179 @@
+"""What every run shares: the workload, its data, and how time, memory and loss are recorded."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tools.benchmark.model import parameter_count, training_flops_per_token
+from tools.benchmark.sizes import SIZES, VOCABULARY
+
+LEARNING_RATE = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    run: str
+    size: str = "1.3b"
+    batch_size: int = 8  # sequences per device and step
+    length: int = 1024  # tokens per sequence
+    warmup_steps: int = 4
+    timed_steps: int = 12
+    devices: int = 1
+    accelerator: str = "cuda"
+
+    @property
+    def steps(self) -> int:
+        return self.warmup_steps + self.timed_steps
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    """Sequence i is drawn from a generator seeded with i: the same data in every run, whichever loader,
+    sampler or process hands it out. Each item holds length + 1 tokens (inputs and shifted targets)."""
+
+    def __init__(self, workload: Workload) -> None:
+        self.workload = workload
+
+    def __len__(self) -> int:
+        return self.workload.steps * self.workload.devices * self.workload.batch_size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(index)
+        return torch.randint(0, VOCABULARY, (self.workload.length + 1,), generator=generator)
+
+
+class Recorder:
+    """Collects the loss of every step and times the steps after warm-up.
+
+    The device is synchronised only when the last warm-up step and the last timed step end, so
+    the timed steps overlap host and device work as a training loop would.
+    """
+
+    def __init__(self, workload: Workload, device: torch.device) -> None:
+        self.workload, self.device = workload, device
+        self.losses: list[torch.Tensor] = []
+        self.started = self.stopped = 0.0
+        self.peaks: dict[str, int | None] = {}
+
+    def step_ended(self, loss: torch.Tensor) -> None:
+        self.losses.append(loss.detach().float().reshape(()).clone())
+        if len(self.losses) == self.workload.warmup_steps:
+            self._synchronize()
+            self.started = time.perf_counter()
+        elif len(self.losses) == self.workload.steps:
+            self._synchronize()
+            self.stopped = time.perf_counter()
+            self.peaks = memory_peaks(self.device)
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def result(self) -> dict[str, Any]:
+        workload = self.workload
+        if len(self.losses) != workload.steps:
+            raise RuntimeError(f"{len(self.losses)} steps ran, {workload.steps} were asked for.")
+        losses = [float(loss) for loss in self.losses]
+        seconds = self.stopped - self.started
+        tokens = workload.batch_size * workload.length * workload.devices * workload.timed_steps
+        tokens_per_second = tokens / seconds
+        size = SIZES[workload.size]
+        flops_per_token = training_flops_per_token(size, workload.length)
+        peak = peak_bf16_flops(device_name(self.device))
+        return {
+            "tokens_per_second": tokens_per_second,
+            "seconds_per_step": seconds / workload.timed_steps,
+            "flops_per_token": flops_per_token,
+            "mfu": flops_per_token * tokens_per_second / (peak * workload.devices) if peak else None,
+            "final_loss": losses[-1],
+            "losses": losses,
+            "finite_loss": all(math.isfinite(loss) for loss in losses),
+            **self.peaks,
+        }
+
+
+def memory_peaks(device: torch.device) -> dict[str, int | None]:
+    """Peak GPU memory (allocated and reserved by PyTorch's allocator) and peak host RSS, the largest
+    over all processes of the run."""
+    peaks = [
+        torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+        torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0,
+        host_peak_rss(),
+    ]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        tensor = torch.tensor(peaks, dtype=torch.int64, device=on)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        peaks = tensor.tolist()
+    gpu = device.type == "cuda"
+    return {
+        "peak_gpu_allocated_bytes": peaks[0] if gpu else None,
+        "peak_gpu_reserved_bytes": peaks[1] if gpu else None,
+        "peak_host_rss_bytes": peaks[2],
+    }
+
+
+def host_peak_rss() -> int:
+    """This process's peak resident set (VmHWM), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
+# Dense bf16 tensor-core peaks (no sparsity) from NVIDIA's data sheets, matched against
+# torch.cuda.get_device_name(). Unknown devices get no MFU rather than a guessed one.
+PEAK_BF16_FLOPS = [
+    (r"H200", 989e12),
+    (r"H100.*(SXM|HBM3)", 989e12),
+    (r"H100.*NVL", 835e12),
+    (r"H100.*PCIe", 756e12),
+    (r"A100", 312e12),
+]
+
+
+def peak_bf16_flops(name: str) -> float | None:
+    for pattern, flops in PEAK_BF16_FLOPS:
+        if re.search(pattern, name):
+            return flops
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def describe(workload: Workload) -> dict[str, Any]:
+    size = SIZES[workload.size]
+    return {
+        **dataclasses.asdict(workload),
+        "layers": size.layers,
+        "width": size.width,
+        "heads": size.heads,
+        "parameters": parameter_count(size, workload.length),
+    }
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def classify_failure(message: str, return_code: int | None = None) -> str:
+    """The reason a run failed, in the terms --search-largest reports."""
+    if "CUDA out of memory" in message or "OutOfMemoryError" in message:
+        return "oom_gpu"
+    if "DefaultCPUAllocator" in message or "annot allocate memory" in message or "can't allocate memory" in message:
+        return "oom_host"
+    if return_code == -9 or "exitcode: -9" in message or "SIGKILL" in message:
+        return "killed_host_memory"
+    if return_code == 124:
+        return "timeout"
+    return "other"

@@ -1,0 +1,230 @@
+"""Turns the measured results in docs/results/ into docs/benchmarks.md and its plots.
+
+Only numbers present in the result files are written. Runs here, on CPU, with matplotlib (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+GIB = 2**30
+PLOT_COLOURS = {"hand": "#7f7f7f", "trainer": "#1f77b4", "lightning": "#ff7f0e"}
+KIND_NAMES = {"hand": "by hand", "trainer": "Trainer(strategy=NAME), our package", "lightning": "Lightning built-in"}
+
+ABOUT = """\
+What each strategy costs, measured by `tools/benchmark` on a GPU machine. Every run trains the
+same GPT-style decoder (pre-norm blocks, fused q/k/v projection, causal
+`scaled_dot_product_attention`, GELU MLP 4x wide, vocabulary 50304, learned positions, untied head)
+on random tokens, in a fresh process, for the warm-up steps and then the timed steps.
+
+- **Run ids**: `trainer:NAME` is `Trainer(strategy="NAME")` with this project's package;
+  `lightning:NAME` is Lightning 2.6's own strategy class built directly; `hand:NAME` is the
+  backend driven without Lightning with the same configuration. "vs by hand" divides a run's
+  tokens/s by those of its by-hand partner in the same session.
+- **tokens/s**: tokens of all devices in the timed steps over their wall time (the device is
+  synchronised at the end of warm-up and at the end).
+- **MFU**: (6 N + 12 L d s) x tokens/s / (devices x peak), with N the parameters in matrix
+  multiplications (blocks and head), L layers, d width, s sequence length; peak is the device's
+  dense bf16 tensor-core rate (H100 SXM and H200: 989 TFLOP/s). Blank for unknown devices.
+- **Memory**: `torch.cuda.max_memory_allocated` / `max_memory_reserved` and the host's peak
+  resident set (VmHWM), the largest over the run's processes.
+
+Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
+"""
+
+
+def load_sessions(results: Path) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    sessions = []
+    for summary_path in sorted(results.glob("*.summary.json")):
+        summary = json.loads(summary_path.read_text())
+        lines = (results / summary["results_file"]).read_text().splitlines()
+        sessions.append((summary, [json.loads(line) for line in lines if line.strip()]))
+    # Newest first.
+    sessions.sort(key=lambda session: session[0].get("started", ""), reverse=True)
+    return sessions
+
+
+def write(results: Path, page: Path) -> str:
+    sessions = load_sessions(results) if results.is_dir() else []
+    parts = ["# Benchmarks\n", ABOUT]
+    if not sessions:
+        parts.append("\n**No results have been measured yet**: docs/results/ holds no result files.\n")
+    for summary, records in sessions:
+        parts.append(session_section(summary, records, results, page.parent))
+    page.write_text("\n".join(parts))
+    return f"wrote {page} from {len(sessions)} result file(s)"
+
+
+def session_section(summary: dict[str, Any], records: list[dict[str, Any]], results: Path, docs: Path) -> str:
+    label = summary["label"]
+    lines = [f"\n## {label}\n"]
+    if not summary.get("complete"):
+        lines.append("**Incomplete**: the session ended before its last run; the runs below are those that finished.\n")
+    lines += environment_table(summary)
+    measured = [record for record in records if record["status"] == "ok"]
+    if records and not summary.get("search"):
+        lines += results_table(records)
+    if summary.get("search"):
+        lines += search_section(summary["search"], records)
+    if summary.get("scaling"):
+        lines += scaling_table(summary["scaling"])
+    problems = [record for record in records if record["status"] != "ok"]
+    if problems:
+        lines.append("\nNot measured:\n")
+        for record in problems:
+            if record["status"] == "skipped":
+                lines.append(
+                    f"- `{record['run']}` ({record['size']}, {record['devices']} device(s)): skipped, "
+                    f"{record['skip_reason']}"
+                )
+            else:
+                failure = record["failure"]
+                lines.append(
+                    f"- `{record['run']}` ({record['size']}, {record['devices']} device(s)): failed, "
+                    f"{failure['reason']}: {last_line(failure.get('message', ''))}"
+                )
+    if measured and not summary.get("search"):
+        for plot in plots(label, measured, results):
+            lines.append(f"\n![{plot.stem}]({Path(os.path.relpath(plot, docs)).as_posix()})")
+    return "\n".join(lines) + "\n"
+
+
+def environment_table(summary: dict[str, Any]) -> list[str]:
+    versions = summary.get("versions", {})
+    settings = summary.get("settings", {})
+    rows = [
+        ("device", f"{summary.get('device_count', 0)} x {summary.get('device') or 'no GPU'}"),
+        ("driver / CUDA", f"{summary.get('driver')} / {summary.get('cuda')}"),
+        ("date", summary.get("date")),
+        ("git commit", summary.get("git_commit")),
+        ("python", summary.get("python")),
+        *((name, version) for name, version in versions.items() if version),
+        ("workload", f"{settings.get('batch_size')} x {settings.get('length')} tokens per device and step, "
+                     f"{settings.get('warmup_steps')} warm-up + {settings.get('timed_steps')} timed steps"),
+    ]  # fmt: skip
+    return ["| | |", "| --- | --- |", *(f"| {name} | {value} |" for name, value in rows), ""]
+
+
+def results_table(records: list[dict[str, Any]]) -> list[str]:
+    by_key = {(r["run"], r["size"], r["devices"]): r for r in records if r["status"] == "ok"}
+    lines = [
+        "| run | size | devices | precision | tokens/s | vs by hand | MFU | peak GPU allocated (GiB) "
+        "| peak GPU reserved (GiB) | peak host RSS (GiB) | final loss | setup (s) |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for record in records:
+        if record["status"] != "ok":
+            continue
+        partner = by_key.get((record.get("partner"), record["size"], record["devices"]))
+        ratio = f"{record['tokens_per_second'] / partner['tokens_per_second']:.2f}" if partner else ""
+        lines.append(
+            f"| `{record['run']}` | {record['size']} | {record['devices']} | {record['precision']} "
+            f"| {record['tokens_per_second']:,.0f} | {ratio} | {percent(record.get('mfu'))} "
+            f"| {gib(record.get('peak_gpu_allocated_bytes'))} | {gib(record.get('peak_gpu_reserved_bytes'))} "
+            f"| {gib(record.get('peak_host_rss_bytes'))} | {record['final_loss']:.3f} | {record['setup_seconds']:.0f} |"
+        )
+    return lines
+
+
+def search_section(search: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    failure = search.get("first_failure")
+    lines = [f"Largest size `{search['run']}` trains on one device: **{search.get('largest_size') or 'none'}**"
+             + (f" (next size {failure['size']} failed: {failure['reason']})." if failure else "."), ""]  # fmt: skip
+    lines += ["| size | parameters | status | tokens/s | peak GPU allocated (GiB) | peak host RSS (GiB) |",
+              "| --- | ---: | --- | ---: | ---: | ---: |"]  # fmt: skip
+    for record in records:
+        status = record["status"] if record["status"] != "failed" else f"failed ({record['failure']['reason']})"
+        ok = record["status"] == "ok"
+        tokens = f"{record['tokens_per_second']:,.0f}" if ok else ""
+        lines.append(
+            f"| {record['size']} | {record['parameters'] / 1e9:.2f}B | {status} | {tokens} "
+            f"| {gib(record.get('peak_gpu_allocated_bytes')) if ok else ''} "
+            f"| {gib(record.get('peak_host_rss_bytes')) if ok else ''} |"
+        )
+    return lines
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["\nScaling:\n", "| run | devices | tokens/s | tokens/s on 1 device | speed-up |",
+             "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for row in rows:
+        lines.append(f"| `{row['run']}` | {row['devices']} | {row['tokens_per_second']:,.0f} "
+                     f"| {row['tokens_per_second_one_device']:,.0f} | {row['speedup']:.2f}x |")  # fmt: skip
+    return lines
+
+
+def plots(label: str, measured: list[dict[str, Any]], results: Path) -> list[Path]:
+    """Tokens/s and peak memory per run, coloured by how the backend was driven."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+    from matplotlib.patches import Patch
+
+    names = [f"{r['run']} ({r['devices']}x, {r['size']})" for r in measured]
+    colours = [PLOT_COLOURS[r["kind"]] for r in measured]
+    legend = [Patch(color=colour, label=KIND_NAMES[kind]) for kind, colour in PLOT_COLOURS.items()
+              if any(r["kind"] == kind for r in measured)]  # fmt: skip
+    height = 1.2 + 0.4 * len(measured)
+    written = []
+
+    figure, axes = pyplot.subplots(figsize=(9, height))
+    axes.barh(names, [r["tokens_per_second"] for r in measured], color=colours)
+    axes.invert_yaxis()
+    axes.set_xlabel("tokens/s (higher is better)")
+    axes.set_title(f"Training throughput: {label}")
+    axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    written.append(save(figure, results / f"{label}-throughput.png"))
+
+    has_gpu = any(r.get("peak_gpu_allocated_bytes") is not None for r in measured)
+    figure, axes = pyplot.subplots(figsize=(9, height))
+    positions = range(len(measured))
+    if has_gpu:
+        axes.barh(
+            [p - 0.2 for p in positions],
+            [(r.get("peak_gpu_reserved_bytes") or 0) / GIB for r in measured],
+            height=0.4,
+            color="#c6dbef",
+            label="GPU reserved",
+        )
+        axes.barh(
+            [p - 0.2 for p in positions],
+            [(r.get("peak_gpu_allocated_bytes") or 0) / GIB for r in measured],
+            height=0.4,
+            color="#2171b5",
+            label="GPU allocated",
+        )
+    axes.barh([p + 0.2 for p in positions], [r["peak_host_rss_bytes"] / GIB for r in measured], height=0.4,
+              color="#fd8d3c", label="host RSS")  # fmt: skip
+    axes.set_yticks(list(positions), names)
+    axes.invert_yaxis()
+    axes.set_xlabel("peak memory (GiB)")
+    axes.set_title(f"Peak memory: {label}")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    written.append(save(figure, results / f"{label}-memory.png"))
+    return written
+
+
+def save(figure: Any, path: Path) -> Path:
+    from matplotlib import pyplot
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
+    return path
+
+
+def gib(value: int | None) -> str:
+    return "" if value is None else f"{value / GIB:.1f}"
+
+
+def percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def last_line(message: str) -> str:
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return f"`{lines[-1][:200]}`" if lines else ""

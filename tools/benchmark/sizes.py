@@ -1,0 +1,30 @@
+"""Model sizes by name, kept free of torch so that listing and reporting run without it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+VOCABULARY = 50304  # GPT-2's 50257 rounded up to a multiple of 128, the usual choice for speed
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    layers: int
+    width: int
+    heads: int
+
+
+# GPT-3 paper sizes (and GPT-NeoX-20B for 20b); "tiny" exists so the harness runs on CPU in tests.
+SIZES: dict[str, Size] = {
+    "tiny": Size(2, 128, 4),
+    "125m": Size(12, 768, 12),
+    "350m": Size(24, 1024, 16),
+    "760m": Size(24, 1536, 16),
+    "1.3b": Size(24, 2048, 16),
+    "2.7b": Size(32, 2560, 32),
+    "6.7b": Size(32, 4096, 32),
+    "13b": Size(40, 5120, 40),
+    "20b": Size(44, 6144, 64),
+}
+# The sizes --search-largest walks through, smallest first.
+SEARCH_ORDER = [name for name in SIZES if name != "tiny"]
