@@ -64,7 +64,7 @@ def make_test_session(folder: Path, dependency_set_name: str, dependency_set: li
         env = {key: str(value) for key, value in settings.get("env", {}).items()}
         session.run(
             "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
-            "--timeout=900", "-ra", *session.posargs, env=env,
+            f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", "-ra", *session.posargs, env=env,
         )  # fmt: skip
 
     tests.__doc__ = f"{folder.name} tests on the {runner} runner, dependency set {dependency_set_name!r}"
@@ -107,7 +107,7 @@ def integration(session: nox.Session) -> None:
         "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "pytest", "pytest-timeout", "build"
     )
     session.run("pytest", str(ROOT / "integration_tests"), "-m", "not gpu", "-p", "no:cacheprovider", "-ra",
-                "--timeout=1800", *session.posargs)  # fmt: skip
+                f"--basetemp={session.create_tmp()}/pytest", "--timeout=1800", *session.posargs)  # fmt: skip
 
 
 @nox.session(python=PYTHON, tags=["cpu", "docs"])

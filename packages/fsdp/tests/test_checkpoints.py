@@ -13,7 +13,7 @@ from conftest import read, run_group
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from lightning_strategies_fsdp.checkpoint import (  # noqa: E402
+from lightning_strategies_fsdp.checkpoint import (
     CheckpointFormatError,
     full_to_sharded,
     is_sharded_checkpoint,

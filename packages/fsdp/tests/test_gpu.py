@@ -77,7 +77,9 @@ def test_two_gpus_resume_equals_uninterrupted_and_loads_on_one(on_cuda: None, tm
     uninterrupted = torch.load(reference / "uninterrupted_8.pt", weights_only=True)
     for key in uninterrupted:
         torch.testing.assert_close(resumed[key], uninterrupted[key], rtol=1e-4, atol=1e-5)
-    one = run_group("resume", tmp_path / "one", "--checkpoint", str(reference / "sharded_4"), "--devices", "1", "--tag", "one")
+    one = run_group(
+        "resume", tmp_path / "one", "--checkpoint", str(reference / "sharded_4"), "--devices", "1", "--tag", "one"
+    )
     assert read(one, "resume_one")["world_size"] == 1
 
 

@@ -9,18 +9,14 @@ processes.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
-
-import torch
-from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
-from torch import Tensor
-from torch.optim import Optimizer
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.distributed import (
     _distributed_is_initialized,
@@ -36,6 +32,10 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
+from torch import Tensor
+from torch.optim import Optimizer
+
 from lightning_strategies.parameters import check_choice
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
@@ -203,6 +203,7 @@ class FSDP2Strategy(ParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING and not self._offloaded:
             _optimizers_to_device(self.optimizers, self.root_device)
+        _evaluate_without_inference_mode(trainer)
 
     @property
     def _offloaded(self) -> bool:
@@ -322,3 +323,14 @@ def _register_step_method(module: torch.nn.Module, method: str) -> None:
     wrapper = getattr(getattr(module, method), "__func__", None)
     if wrapper is not None:
         wrapper.__signature__ = inspect.signature(original)
+
+
+def _evaluate_without_inference_mode(trainer: pl.Trainer) -> None:
+    """Run validation, test and predict under no_grad instead of inference_mode.
+
+    FSDP2's unshard records tensor versions, which inference tensors do not have ("Inference tensors
+    do not track version counter" on CUDA). Lightning exempts only its own FSDPStrategy (and gloo,
+    which is why CPU runs never show it), so the loops are told here.
+    """
+    for loop in (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
+        loop.inference_mode = False

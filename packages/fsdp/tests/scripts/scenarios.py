@@ -16,13 +16,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
-
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 WIDTH = 16
 # The GPU tier runs the same groups on CUDA devices.
