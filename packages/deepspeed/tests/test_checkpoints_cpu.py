@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import assert_weights_close, reference_weights
+from conftest import assert_weights_close
 
 from lightning_strategies_deepspeed.checkpoint import convert_to_universal, convert_zero_checkpoint, locate
 
@@ -33,16 +33,12 @@ def test_resume_equals_uninterrupted_training(train, tmp_path, name):
     assert resumed["optimizer_steps"] == STEPS  # only the second half ran in the new process
     assert resumed["learning_rate"] == pytest.approx(uninterrupted["learning_rate"])  # scheduler restored
     assert_weights_close(resumed["weights"], uninterrupted["weights"], tolerance=1e-6)
-    assert_weights_close(
-        uninterrupted["weights"], reference_weights(max_steps=2 * STEPS, batches=4, optimizer="adam", learning_rate=0.05),
-        tolerance=1,  # the reference has no scheduler: only shapes and names are compared here
-    )
 
     # Conversion to one plain state dict: the weights of the first half, loadable without DeepSpeed.
     converted = convert_zero_checkpoint(checkpoint, tmp_path / "plain.ckpt")
     assert converted["global_step"] == STEPS
     plain = torch.load(tmp_path / "plain.ckpt", weights_only=False)["state_dict"]
-    assert_weights_close({key.removeprefix(""): value for key, value in plain.items()}, first_half["weights"])
+    assert_weights_close(plain, first_half["weights"])
 
 
 def test_universal_checkpoint_resumes_on_another_device_count(train, tmp_path):

@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--scheduler", action="store_true")
-    parser.add_argument("--save", default=None, help="checkpoint directory to write at the end")
+    parser.add_argument("--save", default=None, help="checkpoint to write at the end of each epoch (ModelCheckpoint)")
     parser.add_argument("--resume", default=None, help="checkpoint to resume from")
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--out", required=True)
@@ -114,15 +114,14 @@ def main() -> None:
         limit_val_batches=2 if arguments.validate else 0,
         num_sanity_val_steps=0,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=arguments.save is not None,
+        callbacks=[_epoch_end_checkpoint(arguments.save)] if arguments.save else [],
         enable_progress_bar=False,
         enable_model_summary=False,
         use_distributed_sampler=False,  # every rank sees the same batches: results comparable across world sizes
     )
     loader = data(arguments.batch_size, arguments.batches)
     trainer.fit(model, loader, loader if arguments.validate else None, ckpt_path=arguments.resume)
-    if arguments.save:
-        trainer.save_checkpoint(arguments.save)
     weights = full_weights(trainer.strategy, model)
     if trainer.is_global_zero:
         result = {
@@ -137,6 +136,14 @@ def main() -> None:
             "learning_rate": trainer.optimizers[0].param_groups[0]["lr"],
         }
         torch.save(result, Path(arguments.out))
+
+
+def _epoch_end_checkpoint(path: str):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    # An epoch-end checkpoint resumes at the start of the next epoch, as uninterrupted training continues.
+    target = Path(path)
+    return ModelCheckpoint(dirpath=target.parent, filename=target.stem, every_n_epochs=1, save_top_k=1)
 
 
 def _deepspeed_accelerator() -> str | None:

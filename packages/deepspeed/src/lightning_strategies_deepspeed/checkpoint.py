@@ -17,7 +17,8 @@ from typing import Any
 
 TAG = "checkpoint"
 UNIVERSAL_SUFFIX = "_universal"
-_MODEL_STATES = "mp_rank_00_model_states.pt"
+_MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO-3 writes zero_pp_rank_<r>_mp_rank_00_model_states.pt
+_RANK_0_MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 # What DeepSpeed keeps next to the client state in the model-states file; not Lightning's.
 _DEEPSPEED_KEYS = frozenset(
     {
@@ -27,6 +28,17 @@ _DEEPSPEED_KEYS = frozenset(
         "ds_version", "universal_checkpoint_info",
     }
 )  # fmt: skip
+
+
+def _is_tag_folder(path: Path) -> bool:
+    return any(path.joinpath(name).is_file() for name in _RANK_0_MODEL_STATES)
+
+
+def _rank_0_model_states(tag_folder: Path) -> Path:
+    for name in _RANK_0_MODEL_STATES:
+        if tag_folder.joinpath(name).is_file():
+            return tag_folder / name
+    raise FileNotFoundError(f"{str(tag_folder)!r} holds no model-states file of rank 0; the checkpoint is incomplete.")
 
 
 @dataclass(frozen=True)
@@ -44,16 +56,16 @@ def universal_info() -> dict[str, Any]:
 def locate(path: str | os.PathLike) -> CheckpointLocation:
     """The checkpoint directory and tag behind ``path``, or an error saying what was expected."""
     path = Path(path)
-    if path.is_file() and path.parent.joinpath(_MODEL_STATES).is_file():
+    if path.is_file() and _is_tag_folder(path.parent):
         path = path.parent  # a file inside a tag folder
-    if path.joinpath(_MODEL_STATES).is_file():
+    if _is_tag_folder(path):
         return CheckpointLocation(path.parent, path.name, path.joinpath("zero").is_dir())
     if path.joinpath("latest_universal").is_file():
         return CheckpointLocation(path, None, True)
     if path.joinpath("latest").is_file():
         return CheckpointLocation(path, None, False)
     tags = (
-        sorted(child.name for child in path.iterdir() if child.joinpath(_MODEL_STATES).is_file())
+        sorted(child.name for child in path.iterdir() if _is_tag_folder(child))
         if path.is_dir()
         else []
     )
@@ -83,7 +95,7 @@ def convert_zero_checkpoint(
     location = locate(checkpoint)
     tag = location.tag or location.directory.joinpath("latest").read_text().strip()
     tag_folder = location.directory / tag
-    client_state = torch.load(tag_folder / _MODEL_STATES, map_location="cpu", weights_only=False)
+    client_state = torch.load(_rank_0_model_states(tag_folder), map_location="cpu", weights_only=False)
     if any(tag_folder.glob("*optim_states.pt")) and client_state.get("ds_config", {}).get("zero_optimization", {}).get(
         "stage", 0
     ):

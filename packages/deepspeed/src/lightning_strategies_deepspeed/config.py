@@ -338,3 +338,14 @@ def add_gradient_clipping(config: dict[str, Any], clip_value: float | None, algo
             "disagree. Set one of them."
         )
     config["gradient_clipping"] = float(clip_value)
+
+
+def allow_any_optimizer_on_cpu(config: dict[str, Any], device_type: str) -> None:
+    """Let offloading use any torch optimizer when training on CPU.
+
+    DeepSpeed refuses a client optimizer with CPU offload unless it is its own CPUAdam, because on
+    a GPU host the torch optimizer would be slow; on CPU everything already runs on CPU. A config's
+    own ``zero_force_ds_cpu_optimizer`` is kept.
+    """
+    if device_type == "cpu":
+        config.setdefault("zero_force_ds_cpu_optimizer", False)

@@ -177,6 +177,7 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         accumulation = settings.resolve_accumulation(self.config, 1)
         settings.add_batch_settings(self.config, 1, accumulation, self.world_size)
         settings.add_gradient_clipping(self.config, None, None)
+        settings.allow_any_optimizer_on_cpu(self.config, self.root_device.type)
         self._config_completed = True
 
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:

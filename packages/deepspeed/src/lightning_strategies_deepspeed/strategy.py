@@ -199,6 +199,7 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
         settings.add_gradient_clipping(
             config, trainer.gradient_clip_val, _algorithm_name(trainer.gradient_clip_algorithm)
         )
+        settings.allow_any_optimizer_on_cpu(config, self.root_device.type)
         self._config_completed = True
 
     def _micro_batch_size(self, trainer: Any) -> int:
@@ -388,11 +389,6 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         """The engine restored the optimizer state in load_checkpoint."""
-
-    def teardown(self) -> None:
-        if self.lightning_module is not None:
-            self.model = self.lightning_module  # drop the engine (and its buffers) with the run
-        super().teardown()
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:

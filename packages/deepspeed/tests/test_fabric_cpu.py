@@ -1,0 +1,24 @@
+"""The Fabric strategy on 2 CPU processes: training lowers the loss; save and load restore the weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import HERE, clean_environment
+
+
+@pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_fabric_trains_saves_and_loads(tmp_path, name):
+    out = tmp_path / "result.json"
+    command = [sys.executable, str(HERE / "fabric_script.py"), "--strategy", name,
+               "--checkpoint", str(tmp_path / "fabric.ckpt"), "--out", str(out)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert report["strategy_class"] == "DeepSpeedFabricStrategy"
+    assert report["losses"][-1] < report["losses"][0]
+    assert report["step"] == 6
+    assert report["restored"] == report["trained"]
