@@ -39,8 +39,8 @@ def main() -> None:
     model, optimizer = build(fabric)
     generator = torch.Generator().manual_seed(0)
     losses = []
-    for _ in range(6):
-        inputs, targets = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
+    inputs, targets = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
+    for _ in range(6):  # one batch, fitted repeatedly: its loss must fall
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         fabric.backward(loss)
         optimizer.step()

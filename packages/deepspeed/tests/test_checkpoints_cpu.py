@@ -16,19 +16,21 @@ from conftest import assert_weights_close
 
 from lightning_strategies_deepspeed.checkpoint import convert_to_universal, convert_zero_checkpoint, locate
 
-STEPS = 4  # one epoch of 4 batches: checkpoints fall on an epoch boundary
-RUN = {"max_steps": STEPS, "batches": 4, "optimizer": "adam", "scheduler": True}
+STEPS = 4  # one epoch of 4 batches. Runs stop on whole epochs: a run stopped by max_steps at an epoch's
+# last batch resumes by replaying a batch (Lightning's loop does that for every strategy, DDP included).
+RUN = {"max_epochs": 1, "batches": 4, "optimizer": "adam", "scheduler": True}
+FULL = {**RUN, "max_epochs": 2}
 
 
 @pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_3"])
 def test_resume_equals_uninterrupted_training(train, tmp_path, name):
-    uninterrupted = train(name, **{**RUN, "max_steps": 2 * STEPS})
+    uninterrupted = train(name, **FULL)
     checkpoint = tmp_path / "half.ckpt"
     first_half = train(name, **RUN, save=checkpoint)
     assert checkpoint.is_dir() and (checkpoint / "latest").is_file()
     # A file inside the tag folder is accepted too (#17704).
     inner_file = next((checkpoint / "checkpoint").glob("*model_states.pt"))
-    resumed = train(name, **{**RUN, "max_steps": 2 * STEPS}, resume=inner_file if name.endswith("3") else checkpoint)
+    resumed = train(name, **FULL, resume=inner_file if name.endswith("3") else checkpoint)
     assert resumed["global_step"] == 2 * STEPS
     assert resumed["optimizer_steps"] == STEPS  # only the second half ran in the new process
     assert resumed["learning_rate"] == pytest.approx(uninterrupted["learning_rate"])  # scheduler restored
@@ -42,12 +44,12 @@ def test_resume_equals_uninterrupted_training(train, tmp_path, name):
 
 
 def test_universal_checkpoint_resumes_on_another_device_count(train, tmp_path):
-    uninterrupted = train("deepspeed_stage_2", **{**RUN, "max_steps": 2 * STEPS})
+    uninterrupted = train("deepspeed_stage_2", **FULL)
     checkpoint = tmp_path / "two-devices.ckpt"
     train("deepspeed_stage_2", **RUN, save=checkpoint)
     universal = convert_to_universal(checkpoint, tmp_path / "universal")
     assert locate(universal).universal
-    resumed = train("deepspeed_stage_2", **{**RUN, "max_steps": 2 * STEPS}, devices=1, resume=universal)
+    resumed = train("deepspeed_stage_2", **FULL, devices=1, resume=universal)
     assert resumed["global_step"] == 2 * STEPS
     assert_weights_close(resumed["weights"], uninterrupted["weights"], tolerance=1e-5)
 

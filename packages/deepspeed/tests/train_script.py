@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--strategy-options", default="{}", help="JSON: constructor arguments")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--max-steps", type=int, default=4)
+    parser.add_argument("--max-epochs", type=int, default=None, help="stop after whole epochs instead of --max-steps")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--batches", type=int, default=16, help="batches in the whole dataset")
     parser.add_argument("--accumulate", type=int, default=1)
@@ -108,7 +109,8 @@ def main() -> None:
         devices=arguments.devices,
         strategy=strategy,
         precision=arguments.precision,
-        max_steps=arguments.max_steps,
+        max_steps=-1 if arguments.max_epochs else arguments.max_steps,
+        max_epochs=arguments.max_epochs,
         accumulate_grad_batches=arguments.accumulate,
         gradient_clip_val=arguments.clip,
         limit_val_batches=2 if arguments.validate else 0,
