@@ -200,7 +200,7 @@ class FSDP2FabricStrategy(ParallelStrategy):
         if filter is not None:
             raise NotImplementedError(f"{STRATEGY}.save_checkpoint(filter=...) is not supported.")
         path = Path(self.broadcast(str(path)))
-        model_key, model = _the_model(state)
+        _, model = _the_model(state)
         full = self.state_dict_type == "full"
         tensors: dict[str, Any] = {}
         metadata: dict[str, Any] = {}

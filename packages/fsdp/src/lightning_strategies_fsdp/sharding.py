@@ -7,6 +7,7 @@ all three shard a model the same way.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import torch
@@ -69,7 +70,7 @@ def shard_model(
 
     sharded = [block for block in blocks if isinstance(block, FSDPModule)]
     if options.forward_prefetch:
-        for current, following in zip(sharded, sharded[1:]):
+        for current, following in itertools.pairwise(sharded):
             current.set_modules_to_forward_prefetch([following])
     materialize(module, device, options.param_init_fn)
     return module
@@ -77,11 +78,13 @@ def shard_model(
 
 def _inside_sharded(block: nn.Module, root: nn.Module) -> bool:
     """True if one of the block's ancestors below the root was sharded by the user already."""
-    for module in root.modules():
-        if module is not root and module is not block and isinstance(module, FSDPModule):
-            if any(child is block for child in module.modules()):
-                return True
-    return False
+    return any(
+        module is not root
+        and module is not block
+        and isinstance(module, FSDPModule)
+        and any(child is block for child in module.modules())
+        for module in root.modules()
+    )
 
 
 def offload_policy_for(options: ShardingOptions, device: torch.device) -> Any:

@@ -27,6 +27,7 @@ from lightning.fabric.utilities.distributed import (
 from lightning.fabric.utilities.distributed import group as distributed_group
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
@@ -37,8 +38,10 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from lightning_strategies.parameters import check_choice
+from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
+from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
 from lightning_strategies_fsdp.sharding import build_mesh, set_gradient_sync, shard_model
 
 if TYPE_CHECKING:
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
-class FSDP2Strategy(ParallelStrategy):
+class FSDP2Strategy(OwnPrecisionMixin, ParallelStrategy):
     """Fully Sharded Data Parallel on ``torch.distributed.fsdp.fully_shard`` (FSDP2).
 
     Accepts Lightning's FSDPStrategy arguments. ``sharding_strategy`` picks the mesh and
@@ -113,6 +116,11 @@ class FSDP2Strategy(ParallelStrategy):
         self._timeout = timeout
         self._device_mesh: DeviceMesh | None = None
         self.num_nodes = 1
+
+    def own_precision_plugin(self, precision: str) -> Any:
+        if precision != "bf16-mixed":
+            return None  # Lightning's plugin for the flag
+        return FSDP2BF16MixedPrecision("cpu" if isinstance(self.accelerator, CPUAccelerator) else "cuda")
 
     @property
     def device_mesh(self) -> DeviceMesh:
