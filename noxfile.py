@@ -93,7 +93,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(python=PYTHON, tags=["types"], default=False)
+@nox.session(python=PYTHON, tags=["cpu", "types"])
 def types(session: nox.Session) -> None:
     """mypy over core, the package every other one depends on."""
     session.install("mypy", "torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"))

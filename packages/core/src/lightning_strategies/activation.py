@@ -29,18 +29,12 @@ _REGISTRY_MODULES = {
     "lightning.fabric.strategies": ("lightning.fabric", "STRATEGY_REGISTRY"),
     "lightning_fabric.strategies": ("lightning_fabric", "STRATEGY_REGISTRY"),
 }
-# connector module -> (namespace, connector class)
+# connector module -> connector class
 _CONNECTOR_MODULES = {
-    "lightning.pytorch.trainer.connectors.accelerator_connector": (
-        "lightning.pytorch",
-        "_AcceleratorConnector",
-    ),
-    "pytorch_lightning.trainer.connectors.accelerator_connector": (
-        "pytorch_lightning",
-        "_AcceleratorConnector",
-    ),
-    "lightning.fabric.connector": ("lightning.fabric", "_Connector"),
-    "lightning_fabric.connector": ("lightning_fabric", "_Connector"),
+    "lightning.pytorch.trainer.connectors.accelerator_connector": "_AcceleratorConnector",
+    "pytorch_lightning.trainer.connectors.accelerator_connector": "_AcceleratorConnector",
+    "lightning.fabric.connector": "_Connector",
+    "lightning_fabric.connector": "_Connector",
 }
 # Lightning refuses some built-in names on CPU by name, before any strategy exists. A plugin that
 # replaces the name replaces the strategy, so the name is taken off these lists.
@@ -73,8 +67,7 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
             namespace, attribute = _REGISTRY_MODULES[module_name]
             fill_lightning_registry(getattr(module, attribute), namespace)
         if module_name in _CONNECTOR_MODULES:
-            namespace, class_name = _CONNECTOR_MODULES[module_name]
-            _patch_connector(getattr(module, class_name), namespace)
+            _patch_connector(getattr(module, _CONNECTOR_MODULES[module_name]))
         if module_name in _BUILTIN_NAME_GUARDS:
             _lift_builtin_name_guard(module, *_BUILTIN_NAME_GUARDS[module_name])
         plugins = get_registry().plugin_manager
@@ -121,14 +114,18 @@ def fill_lightning_registry(lightning_registry: Any, namespace: str, registry: S
         # (like "description") that register() itself takes.
         lightning_registry[entry.name]["init_params"] = dict(entry.init_params)
     for name, entries in registry.clashes().items():
-        error = StrategyConflictError(clash_message(name, entries))
-        lightning_registry.register(name, _Unavailable(error), description="unavailable: claimed twice", override=True)
+        lightning_registry.register(
+            name,
+            _Unavailable(StrategyConflictError(clash_message(name, entries))),
+            description="unavailable: claimed twice",
+            override=True,
+        )
     for names in PROJECT_PACKAGES.values():
         for name in names:
             if name in registry or name in LIGHTNING_BUILTIN_NAMES or name in lightning_registry:
                 continue
-            error = StrategyLookupError(registry.unknown_name_message(name))
-            lightning_registry.register(name, _Unavailable(error), description="not installed")
+            missing = StrategyLookupError(registry.unknown_name_message(name))
+            lightning_registry.register(name, _Unavailable(missing), description="not installed")
 
 
 def _lift_builtin_name_guard(module: ModuleType, class_name: str | None, attribute: str) -> None:
@@ -148,7 +145,7 @@ def _accelerator_name(accelerator: Any) -> str | None:
     return {"xla": "tpu"}.get(name, name)
 
 
-def _patch_connector(connector: type, namespace: str) -> None:
+def _patch_connector(connector: Any) -> None:
     """Wrap the connector steps that validate the strategy flag and build the strategy."""
     if getattr(connector, "_lightning_strategies_patched", False):
         return

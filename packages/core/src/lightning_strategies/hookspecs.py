@@ -37,7 +37,7 @@ def register_strategies(registry: PluginRegistrar) -> None:
 
 
 @hookspec
-def environment_checks() -> list[tuple[str, bool, str]]:
+def environment_checks() -> list[tuple[str, bool, str]]:  # type: ignore[empty-body]
     """Report what this machine needs for the plugin's strategies, for `lightning-strategies doctor`.
 
     Return ``(what, ok, detail)`` tuples, e.g. ``("libaio (NVMe offload)", False, "apt-get install

@@ -75,7 +75,9 @@ class _MirrorFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if module.__spec__ is not None and module.__spec__.submodule_search_locations is not None:
             module.__path__ = []  # submodules are found by name, through this finder
         original_spec = importlib.util.find_spec(original)
-        source = original_spec.loader.get_source(original)  # type: ignore[union-attr]
+        if original_spec is None or original_spec.loader is None:
+            raise ImportError(f"Cannot mirror {original!r} for {flavour}: the module is not installed.")
+        source = original_spec.loader.get_source(original)  # type: ignore[attr-defined]
         if source is None:
             raise ImportError(f"Cannot mirror {original!r} for {flavour}: its source is not available.")
         code = compile(

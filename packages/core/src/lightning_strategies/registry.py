@@ -282,9 +282,9 @@ class StrategyRegistry:
         if matches:
             message += " Did you mean: " + ", ".join(repr(match) for match in matches) + "?"
             hints = {
-                providing_distribution(match)
+                distribution
                 for match in matches
-                if match not in self._entries and providing_distribution(match)
+                if match not in self._entries and (distribution := providing_distribution(match))
             }
             for hint in sorted(hints):
                 message += f" ({hint} is not installed: pip install {hint})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
-from lightning_strategies.conformance.model import ConformanceModel, loader
+from lightning_strategies.conformance.model import SAMPLES, ConformanceModel, loader
 from lightning_strategies.registry import get_registry
 
 # Precisions whose arithmetic is exact enough to compare runs tightly.
@@ -174,7 +174,7 @@ class ConformanceSuite:
         predicted = _predictions(trainer.predict(model, dataloaders=loader()))
         self.results.append(_finite_metric("validate", validated, "val_loss"))
         self.results.append(_finite_metric("test", tested, "test_loss"))
-        expected_rows = len(loader().dataset) // trainer.world_size
+        expected_rows = SAMPLES // trainer.world_size
         self.results.append(
             CheckResult("predict", predicted.shape[0] == expected_rows, f"{predicted.shape[0]} rows on this rank")
         )
@@ -204,7 +204,7 @@ class ConformanceSuite:
         )
 
 
-def _finite_metric(check: str, metrics: list[dict[str, float]], key: str) -> CheckResult:
+def _finite_metric(check: str, metrics: Sequence[Mapping[str, float]], key: str) -> CheckResult:
     value = metrics[0].get(key) if metrics else None
     passed = value is not None and math.isfinite(float(value))
     return CheckResult(check, passed, f"{key}={value}")
