@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -13,6 +14,24 @@ import torch
 pytestmark = pytest.mark.gpu
 SCRIPTS = Path(__file__).parent / "gpu_scripts"
 sys.path.insert(0, str(SCRIPTS))
+# TinyGPT has 528K parameters, far below the default min_chunk_size (32M): Gemini would keep it as one
+# chunk gathered on the GPU, which no placement offloads. Below this size it is split into offloadable chunks.
+SMALL_CHUNKS = 2**16
+
+
+def offloading_strategy(**kwargs):
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    return ColossalAIStrategy(placement_policy="cpu", min_chunk_size=SMALL_CHUNKS, **kwargs)
+
+
+def master_weights(trainer):
+    """The fp32 master weights gathered on every rank (Gemini's own state_dict rounds them to fp16/bf16)."""
+    from lightning_strategies_colossalai.checkpoint_state import fp32_chunk_transfers
+
+    model = trainer.strategy._gemini_model
+    with fp32_chunk_transfers(model):
+        return model.state_dict(only_rank_0=False)
 
 
 def gpus(count: int):
@@ -55,14 +74,17 @@ def test_fit_validate_test_predict_on_one_gpu(tmp_path, name, precision):
 
     model = TinyGPT()
     trainer = make_trainer(name, precision, tmp_path, logger=CSVLogger(tmp_path))
-    trainer.fit(model)
+    # With the default min_chunk_size the tiny model stays on the GPU whatever the placement, and "cpu" says so.
+    expected = (
+        pytest.warns(UserWarning, match="offloads nothing") if name == "colossalai_cpu" else contextlib.nullcontext()
+    )
+    with expected:
+        trainer.fit(model)
     assert len(model.losses) == 8 and all(torch.isfinite(torch.tensor(model.losses)))
     assert min(model.losses[-3:]) < model.losses[0]  # it learns
     stats = trainer.strategy.memory_statistics()
     assert stats["colossalai/model_data_cuda_bytes"] + stats["colossalai/model_data_cpu_bytes"] > 0
     assert stats["colossalai/optimizer_cuda_bytes"] + stats["colossalai/optimizer_cpu_bytes"] > 0
-    if name == "colossalai_cpu":
-        assert stats["colossalai/optimizer_cpu_bytes"] > stats["colossalai/optimizer_cuda_bytes"]
     if name.endswith("cuda"):
         assert stats["colossalai/optimizer_cpu_bytes"] == 0
     if "auto" in name or name == "colossalai":
@@ -74,6 +96,22 @@ def test_fit_validate_test_predict_on_one_gpu(tmp_path, name, precision):
     assert torch.isfinite(torch.tensor(trainer.test(model)[0]["test_loss"]))
     predictions = trainer.predict(model)
     assert len(predictions) == 2 and all(torch.isfinite(p) for p in predictions)
+
+
+@gpus(1)
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_cpu_placement_offloads_master_weights_and_optimizer_states(tmp_path, precision):
+    from tiny_gpt import TinyGPT
+
+    model = TinyGPT()
+    trainer = make_trainer(offloading_strategy(), precision, tmp_path, logger=False)
+    trainer.fit(model)
+    assert all(torch.isfinite(torch.tensor(model.losses))) and min(model.losses[-3:]) < model.losses[0]
+    stats = trainer.strategy.memory_statistics()
+    assert stats["colossalai/optimizer_cpu_bytes"] > 0
+    assert stats["colossalai/optimizer_cuda_bytes"] == 0
+    assert stats["colossalai/model_data_cpu_bytes"] > 0
+    assert torch.isfinite(torch.tensor(trainer.validate(model)[0]["val_loss"]))
 
 
 @gpus(1)
@@ -106,10 +144,11 @@ def test_wrong_optimizer_is_refused_on_gpu(tmp_path):
 def test_gradient_accumulation_and_clipping(tmp_path, optimizer):
     from tiny_gpt import TinyGPT
 
-    name = "colossalai_cpu" if optimizer == "cpu" else "colossalai_cuda"
+    # CPUAdam can step only master weights held on CPU: every chunk offloaded.
+    strategy = offloading_strategy() if optimizer == "cpu" else "colossalai_cuda"
     model = TinyGPT(optimizer=optimizer)
     trainer = make_trainer(
-        name,
+        strategy,
         "16-mixed",
         tmp_path,
         logger=False,
@@ -125,45 +164,73 @@ def test_gradient_accumulation_and_clipping(tmp_path, optimizer):
 
 
 @gpus(1)
-@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
-def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type):
+@pytest.mark.parametrize("name", ["colossalai_cuda", "colossalai_cpu"])
+def test_cpu_adam_with_master_weights_on_the_gpu_is_refused_at_setup(tmp_path, name):
+    from tiny_gpt import TinyGPT
+
+    from lightning_strategies.errors import CapabilityError
+
+    # colossalai_cpu keeps the tiny model gathered on the GPU too (it is smaller than min_chunk_size).
+    trainer = make_trainer(name, "16-mixed", tmp_path, logger=False)
+    model = TinyGPT(optimizer="cpu")
+    with pytest.raises(CapabilityError, match=r"CPUAdam with 1 chunk\(s\) with master weights on the GPU.*HybridAdam"):
+        trainer.fit(model)
+    assert model.losses == []  # refused before the first step
+
+
+@gpus(1)
+@pytest.mark.parametrize(
+    ("state_dict_type", "placement"),
+    [("full", "cuda"), ("sharded", "cuda"), ("full", "cpu"), ("sharded", "cpu")],
+)
+def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type, placement):
     import lightning as L
     from tiny_gpt import TinyGPT
 
     from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
-    def run(steps, ckpt_path=None):
+    def run(epochs, ckpt_path=None):
         L.seed_everything(3)
+        strategy = (
+            offloading_strategy(state_dict_type=state_dict_type)
+            if placement == "cpu"
+            else ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type)
+        )
+        # Runs stop on whole epochs: Lightning restarts a non-resumable dataloader from the epoch's start,
+        # so a run stopped mid-epoch would replay batches after the resume.
         trainer = make_trainer(
-            ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type),
+            strategy,
             "16-mixed",
             tmp_path,
             logger=False,
-            max_steps=steps,
+            max_steps=-1,
+            max_epochs=epochs,
+            limit_train_batches=3,
             limit_val_batches=0,
             enable_checkpointing=False,
         )
         trainer.fit(TinyGPT(), ckpt_path=ckpt_path)
         return trainer
 
-    straight = run(6)
-    half = run(3)
+    straight = run(2)
+    half = run(1)
     checkpoint = tmp_path / "half.ckpt"
     half.save_checkpoint(checkpoint)
     assert checkpoint.is_dir() == (state_dict_type == "sharded")
     if state_dict_type == "full":  # the full file is a plain Lightning checkpoint
         saved = torch.load(checkpoint, weights_only=False)
         assert saved["state_dict"] and saved["optimizer_states"][0]["state"]
-    resumed = run(6, ckpt_path=checkpoint)
+        assert saved["colossalai_loss_scaler"]["scale"] > 0
+    resumed = run(2, ckpt_path=checkpoint)
     assert resumed.global_step == 6
-    reference = (
-        straight.strategy.lightning_module_state_dict(rank_zero_only=False)
-        if state_dict_type == "full"
-        else straight.strategy._gemini_model.state_dict(only_rank_0=False)
-    )
-    result = resumed.strategy._gemini_model.state_dict(only_rank_0=False)
+    # fp32 master weights and the loss scaler are restored exactly, so training continues bit for bit.
+    reference, result = master_weights(straight), master_weights(resumed)
+    assert reference and all(value.dtype == torch.float32 for value in reference.values())
     for key, value in reference.items():
         torch.testing.assert_close(result[key], value, rtol=0, atol=0)
+    scalers = [t.strategy.gemini_optimizer.mix_precision_mixin.grad_scaler for t in (straight, resumed)]
+    assert scalers[0].scale.item() == scalers[1].scale.item()
+    assert scalers[0]._growth_step == scalers[1]._growth_step
 
 
 @gpus(2)

@@ -23,6 +23,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_strategies.errors import CapabilityError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_colossalai.backend import load_colossalai
+from lightning_strategies_colossalai.checkpoint_state import (
+    fp32_chunk_transfers,
+    load_loss_scaler_state,
+    loss_scaler_state,
+)
+from lightning_strategies_colossalai.chunk_placement import chunks_with_gpu_master_weights, kept_gathered_parameters
 from lightning_strategies_colossalai.kernels import announce_kernel_build
 from lightning_strategies_colossalai.memory import memory_statistics
 from lightning_strategies_colossalai.options import (
@@ -35,6 +41,7 @@ from lightning_strategies_colossalai.precision import GeminiPrecision
 ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
 _SHARDED_MARKER = "colossalai_sharded_checkpoint"
 _META_FILE = "meta.pt"
+_LOSS_SCALER_KEY = "colossalai_loss_scaler"
 
 # Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
 # loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
@@ -52,6 +59,15 @@ CPU_BF16_CLIP_REASON = (
     "with bf16, ColossalAI 0.5's HybridAdam/CPUAdam update CPU-held gradients through a torch fallback that "
     "ignores the clipping scale, so gradient_clip_val would silently not apply to offloaded chunks. Use "
     "precision='16-mixed', or strategy='colossalai_cuda' (optimizer on the GPU), or no gradient clipping."
+)
+# CPUAdam updates master weights held on the GPU with a plain torch Adam that takes no gradient scale, and
+# asserts when GeminiOptimizer passes one (the fp16 loss scale, or a clipping factor).
+CPU_ADAM_ON_GPU_REASON = (
+    "ColossalAI 0.5's CPUAdam updates master weights held on the GPU with a plain torch Adam that cannot divide "
+    "the gradients by GeminiOptimizer's scale (the fp16 loss scale and the gradient clipping factor); it stops "
+    "with 'div_scale should remain default'. Use colossalai.nn.optimizer.HybridAdam, which updates chunks on "
+    "GPU and CPU and applies the scale on both; or keep CPUAdam with placement_policy='cpu' and a model of at "
+    "least min_chunk_size parameters (or a smaller min_chunk_size), so every chunk is offloaded."
 )
 
 
@@ -326,7 +342,38 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         self.model = model
         if fitting:
             self.optimizers = [gemini_optimizer]
+            self._check_placement(trainer, gemini_optimizer)
         self.setup_precision_plugin()
+
+    def _check_placement(self, trainer: Any, gemini_optimizer: Any) -> None:
+        """Say where Gemini kept chunks on the GPU against the placement, and refuse what CPUAdam cannot step."""
+        kept = kept_gathered_parameters(gemini_optimizer)
+        if kept and self.settings.placement_policy == "cpu":
+            rank_zero_warn(
+                f"ColossalAIStrategy: placement 'cpu' offloads nothing for {kept} parameters: Gemini keeps a model "
+                f"smaller than min_chunk_size={self.settings.min_chunk_size} parameters (or any chunk when "
+                "enable_distributed_storage=False) gathered on the GPU with its optimizer states. Pass a smaller "
+                "min_chunk_size (or a chunk_size with enable_distributed_storage=True) to offload it."
+            )
+        from colossalai.nn.optimizer import CPUAdam
+
+        if type(gemini_optimizer.optim) is not CPUAdam:
+            return
+        scaled = self.precision_plugin.gemini_precision == "fp16" or bool(trainer.gradient_clip_val)
+        on_gpu = chunks_with_gpu_master_weights(gemini_optimizer)
+        # With "auto" and a GPU margin, GeminiOptimizer moves master weights to the GPU at the first step.
+        may_move = self.settings.placement_policy == "auto" and self.settings.gpu_margin_mem_ratio > 0
+        if scaled and (on_gpu or may_move):
+            where = (
+                f"{on_gpu} chunk(s) with master weights on the GPU"
+                if on_gpu
+                else "placement 'auto' with gpu_margin_mem_ratio > 0"
+            )
+            raise CapabilityError(
+                f"ColossalAIStrategy: CPUAdam with {where} and "
+                f"{'fp16 loss scaling' if self.precision_plugin.gemini_precision == 'fp16' else 'gradient clipping'}"
+                f": {CPU_ADAM_ON_GPU_REASON}"
+            )
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """GeminiOptimizer scales the loss (fp16) and runs backward under Gemini's chunk hooks."""
@@ -378,7 +425,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
             return super().lightning_module_state_dict()
         if self.settings.state_dict_type == "sharded":
             return {}
-        state = self._gemini_model.state_dict(only_rank_0=rank_zero_only)
+        with fp32_chunk_transfers(self._gemini_model):
+            state = self._gemini_model.state_dict(only_rank_0=rank_zero_only)
         if rank_zero_only and not self.is_global_zero:
             return {}
         return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
@@ -391,6 +439,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         return state if self.is_global_zero else {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if "optimizer_states" in checkpoint and self.optimizers:
+            checkpoint[_LOSS_SCALER_KEY] = loss_scaler_state(self.gemini_optimizer)
         if self.settings.state_dict_type == "full":
             super().save_checkpoint(checkpoint, filepath, storage_options)
             return
@@ -406,17 +456,27 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
             folder.mkdir(parents=True, exist_ok=True)
         self.barrier("colossalai_sharded_checkpoint_folder")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
-        gemini_io.save_model(self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb)
-        for optimizer in self.optimizers:
-            gemini_io.save_optimizer(
-                getattr(optimizer, "_optimizer", optimizer),
-                str(folder / "optimizer"),
-                shard=True,
-                size_per_shard=self.shard_size_mb,
+        with fp32_chunk_transfers(self._gemini_model):
+            gemini_io.save_model(
+                self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb
             )
+        # A weights-only checkpoint (ModelCheckpoint(save_weights_only=True)) has no optimizer_states.
+        with_optimizer = "optimizer_states" in checkpoint
+        if with_optimizer:
+            for optimizer in self.optimizers:
+                gemini_io.save_optimizer(
+                    getattr(optimizer, "_optimizer", optimizer),
+                    str(folder / "optimizer"),
+                    shard=True,
+                    size_per_shard=self.shard_size_mb,
+                )
         if self.is_global_zero:
             meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
             meta[_SHARDED_MARKER] = True
+            if with_optimizer:
+                # Lightning's checkpoint connector requires this key to restore optimizers; the states
+                # themselves are in the optimizer/ shard files and loaded by load_checkpoint.
+                meta["optimizer_states"] = [{_SHARDED_MARKER: "optimizer"} for _ in self.optimizers]
             torch.save(meta, folder / _META_FILE)
         self.barrier("colossalai_sharded_checkpoint_written")
 
@@ -438,10 +498,15 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         if self._gemini_model is None:
             raise RuntimeError("ColossalAIStrategy loads a sharded checkpoint only after the model is set up.")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
-        gemini_io.load_model(self._gemini_model, str(path / "model"), strict=True)
+        with fp32_chunk_transfers(self._gemini_model):
+            gemini_io.load_model(self._gemini_model, str(path / "model"), strict=True)
         if self.optimizers and self.lightning_restore_optimizer:
             if not (path / "optimizer").is_dir():
-                raise ValueError(f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from.")
+                raise ValueError(
+                    f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from: it was saved "
+                    "weights-only. Resume from a checkpoint saved with the optimizer state, or load only the "
+                    "weights (for example trainer.validate(model, ckpt_path=...))."
+                )
             for optimizer in self.optimizers:
                 gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / "optimizer"))
         return torch.load(meta_file, map_location="cpu", weights_only=False)
@@ -452,11 +517,14 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         if self._gemini_model is None:
             super().load_model_state_dict(checkpoint, strict=strict)
             return
-        self._gemini_model.load_state_dict(checkpoint["state_dict"], strict=strict)
+        with fp32_chunk_transfers(self._gemini_model):
+            self._gemini_model.load_state_dict(checkpoint["state_dict"], strict=strict)
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        if self.optimizers:
+            load_loss_scaler_state(self.gemini_optimizer, checkpoint.get(_LOSS_SCALER_KEY))
         if checkpoint.get(_SHARDED_MARKER):
-            return
+            return  # loaded from the shard files in load_checkpoint
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
             getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)
 

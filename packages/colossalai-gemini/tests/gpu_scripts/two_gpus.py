@@ -1,7 +1,9 @@
 """Two-GPU training and checkpoint round trip (run by tests/test_gpu.py; Lightning launches rank 1).
 
 Usage: python two_gpus.py OUT_FOLDER STATE_DICT_TYPE PLACEMENT PRECISION
-Writes OUT_FOLDER/result.json on rank 0: losses, and whether resumed weights equal uninterrupted ones.
+Writes OUT_FOLDER/result.json on rank 0: losses, and whether resumed fp32 master weights equal uninterrupted ones.
+Runs stop on whole epochs (3 batches each): Lightning restarts a non-resumable dataloader from the epoch's
+start, so a run stopped mid-epoch would replay batches after the resume.
 """
 
 from __future__ import annotations
@@ -16,17 +18,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_gpt import TinyGPT
 
+from lightning_strategies_colossalai.checkpoint_state import fp32_chunk_transfers
 from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
+# TinyGPT is far below the default min_chunk_size: with it Gemini would keep the model gathered on the
+# GPUs. Smaller chunks make the "cpu" placement really shard and offload them.
+SMALL_CHUNKS = 2**16
 
-def trainer(out: Path, state_dict_type: str, placement: str, precision: str, steps: int) -> L.Trainer:
+
+def trainer(out: Path, state_dict_type: str, placement: str, precision: str, epochs: int) -> L.Trainer:
+    chunks = {"min_chunk_size": SMALL_CHUNKS} if placement == "cpu" else {}
     return L.Trainer(
         accelerator="cuda",
         devices=2,
         precision=precision,
-        max_steps=steps,
+        max_epochs=epochs,
+        limit_train_batches=3,
         logger=False,
-        strategy=ColossalAIStrategy(placement_policy=placement, state_dict_type=state_dict_type),
+        strategy=ColossalAIStrategy(placement_policy=placement, state_dict_type=state_dict_type, **chunks),
         enable_checkpointing=False,
         enable_progress_bar=False,
         num_sanity_val_steps=0,
@@ -36,26 +45,28 @@ def trainer(out: Path, state_dict_type: str, placement: str, precision: str, ste
 
 
 def full_weights(trainer: L.Trainer) -> dict:
-    """Every rank gets the gathered weights (only_rank_0=False), whatever the checkpoint format."""
-    return {key: value.clone() for key, value in trainer.strategy._gemini_model.state_dict(only_rank_0=False).items()}
+    """Every rank gets the gathered fp32 master weights (only_rank_0=False), whatever the checkpoint format."""
+    model = trainer.strategy._gemini_model
+    with fp32_chunk_transfers(model):
+        return {key: value.clone() for key, value in model.state_dict(only_rank_0=False).items()}
 
 
 def main() -> None:
     out, state_dict_type, placement, precision = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     L.seed_everything(7)
-    straight = trainer(out, state_dict_type, placement, precision, steps=6)
+    straight = trainer(out, state_dict_type, placement, precision, epochs=2)
     straight_model = TinyGPT()
     straight.fit(straight_model)
     reference = full_weights(straight)
 
     L.seed_everything(7)
-    first = trainer(out, state_dict_type, placement, precision, steps=3)
+    first = trainer(out, state_dict_type, placement, precision, epochs=1)
     first.fit(TinyGPT())
     checkpoint = out / f"half-{state_dict_type}.ckpt"
     first.save_checkpoint(checkpoint)
 
     L.seed_everything(7)
-    second = trainer(out, state_dict_type, placement, precision, steps=6)
+    second = trainer(out, state_dict_type, placement, precision, epochs=2)
     resumed_model = TinyGPT()
     second.fit(resumed_model, ckpt_path=checkpoint)
     resumed = full_weights(second)

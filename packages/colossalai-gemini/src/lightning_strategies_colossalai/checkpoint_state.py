@@ -1,0 +1,52 @@
+"""What GeminiDDP and GeminiOptimizer leave out of a checkpoint, so a resume continues exactly.
+
+GeminiDDP gathers and scatters chunks for its state dicts in the training dtype: the fp32 master
+weights of sharded or offloaded chunks are rounded to fp16/bf16 on save and the rounded values
+become the master weights on load. GeminiOptimizer's state dict has no fp16 loss scaler, so a
+resumed run starts again from the initial loss scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator
+from typing import Any
+
+import torch
+
+
+@contextlib.contextmanager
+def fp32_chunk_transfers(gemini_model: Any) -> Generator[None, None, None]:
+    """Within the block GeminiDDP's state-dict saving and loading move chunks in fp32.
+
+    Its (de)serialisation reads the dtype of the temporary gathered chunk from ``mixed_precision``;
+    nothing else runs in between, and the training dtype is put back afterwards.
+    """
+    training_dtype = gemini_model.mixed_precision
+    gemini_model.mixed_precision = torch.float32
+    try:
+        yield
+    finally:
+        gemini_model.mixed_precision = training_dtype
+
+
+def loss_scaler_state(gemini_optimizer: Any) -> dict[str, Any] | None:
+    """The dynamic fp16 loss scaler in full (its own state_dict omits the step counters); None in bf16."""
+    scaler = getattr(gemini_optimizer.mix_precision_mixin, "grad_scaler", None)
+    if scaler is None:
+        return None
+    return {
+        "scale": float(scaler.scale.item()),
+        "growth_step": int(scaler._growth_step),
+        "hysteresis_step": int(scaler._hysteresis_step),
+    }
+
+
+def load_loss_scaler_state(gemini_optimizer: Any, state: dict[str, Any] | None) -> None:
+    """Put back what ``loss_scaler_state`` saved; a checkpoint without it keeps the fresh scaler."""
+    scaler = getattr(gemini_optimizer.mix_precision_mixin, "grad_scaler", None)
+    if scaler is None or state is None:
+        return
+    scaler.scale.fill_(state["scale"])
+    scaler._growth_step = state["growth_step"]
+    scaler._hysteresis_step = state["hysteresis_step"]
