@@ -111,6 +111,7 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
         self.load_full_weights = load_full_weights
         self.exclude_frozen_parameters = exclude_frozen_parameters
         self._config_completed = False
+        self._full_weights_pending = False
 
     # -- precision ---------------------------------------------------------------------------
 
@@ -351,6 +352,11 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
             return self._load_full_weights_file(checkpoint_path, weights_only)
         location = checkpoints.locate(checkpoint_path)
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        if not fitting and self.zero_stage_3 and not location.universal:
+            # The evaluation engine has no ZeRO optimizer for DeepSpeed to load shards into (its loader then
+            # fails on DeepSpeedZeRoOffload): merge the shards and load the full weights instead.
+            self._full_weights_pending = True
+            return checkpoints.convert_zero_checkpoint(checkpoint_path)
         if location.universal:
             self.model._config.load_universal_checkpoint = True  # read by engine.load_checkpoint
         _, client_state = self.model.load_checkpoint(
@@ -376,8 +382,9 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
         return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        if not self.load_full_weights:
+        if not (self.load_full_weights or self._full_weights_pending):
             return  # the engine already loaded its shards in load_checkpoint
+        self._full_weights_pending = False
         state_dict = checkpoint["state_dict"]
         if self.zero_stage_3:
             checkpoints.load_into_partitioned_module(self.lightning_module, state_dict, strict, self.is_global_zero)
