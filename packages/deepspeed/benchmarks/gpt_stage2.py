@@ -37,6 +37,7 @@ class GPT(LightningModule):
         layer = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
         self.blocks = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = torch.nn.Linear(width, VOCABULARY, bias=False)
+        self.head.weight = self.embedding.weight  # tied, as in GPT: 1.31B parameters in all
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
@@ -131,7 +132,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0),
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "lightning": lightning.__version__,
                      "python": platform.python_version()},  # fmt: skip
-        "workload": {"model": "GPT 1.3B (24 x 2048)", "precision": "bf16", "batch": BATCH, "tokens": LENGTH,
+        "workload": {"model": "GPT 1.31B (24 layers x 2048, tied embeddings)", "precision": "bf16", "batch": BATCH, "tokens": LENGTH,
                      "warmup_steps": WARMUP, "timed_steps": TIMED, "strategy": "deepspeed_stage_2"},  # fmt: skip
         "date": time.strftime("%Y-%m-%d"),
     }
