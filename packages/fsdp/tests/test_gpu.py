@@ -4,7 +4,6 @@ fp16 with its gradient scaler, CPU offload next to a GPU, and torch.compile with
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -88,18 +87,3 @@ def test_two_gpus_fabric(on_cuda: None, tmp_path: Path) -> None:
     result = read(run_group("fabric", tmp_path / "fabric"), "fabric")
     assert result["loaded_weights_equal"]
     assert result["optimizer_state_loaded"]
-
-
-@needs_one_gpu
-@pytest.mark.skipif(os.environ.get("FSDP_BENCHMARK") != "1", reason="set FSDP_BENCHMARK=1 to run the 1.3B benchmark")
-def test_benchmark_runs(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    script = Path(__file__).parents[1] / "benchmarks" / "gpt_throughput.py"
-    out = tmp_path / "benchmark.json"
-    subprocess.run([sys.executable, str(script), "compare", "--out", str(out)], check=True)
-    import json
-
-    result = json.loads(out.read_text())
-    assert result["trainer"]["losses_finite"] and result["by_hand"]["losses_finite"]

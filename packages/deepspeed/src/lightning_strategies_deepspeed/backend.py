@@ -15,7 +15,6 @@ import warnings
 from types import ModuleType
 
 from lightning_strategies.backends import require_backend
-
 from lightning_strategies_deepspeed.cuda_arch import normalize_environment
 
 log = logging.getLogger(__name__)

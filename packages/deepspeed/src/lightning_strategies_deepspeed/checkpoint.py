@@ -64,11 +64,7 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
         return CheckpointLocation(path, None, True)
     if path.joinpath("latest").is_file():
         return CheckpointLocation(path, None, False)
-    tags = (
-        sorted(child.name for child in path.iterdir() if _is_tag_folder(child))
-        if path.is_dir()
-        else []
-    )
+    tags = sorted(child.name for child in path.iterdir() if _is_tag_folder(child)) if path.is_dir() else []
     if len(tags) == 1:
         return CheckpointLocation(path, tags[0], path.joinpath(tags[0], "zero").is_dir())
     if path.is_file():

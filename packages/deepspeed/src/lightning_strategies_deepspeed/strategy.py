@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any
 
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
@@ -24,8 +24,9 @@ from lightning.pytorch.strategies.ddp import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
-from lightning_strategies.precision import OwnPrecisionMixin
 
+from lightning_strategies.errors import MissingBackendError
+from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import import_deepspeed
@@ -179,6 +180,16 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
             raise FileNotFoundError(
                 f"DeepSpeedStrategy(nvme_path={str(path)!r}) must be a writable directory (on fast local storage) "
                 "for NVMe offloading. Create it, or pass nvme_path= pointing at one."
+            )
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        # Without libaio DeepSpeed fails deep inside engine set-up ("Unable to JIT load the async_io
+        # op ... None"); seen on an H200 image that lacks libaio-dev.
+        if not AsyncIOBuilder().is_compatible(verbose=False):
+            raise MissingBackendError(
+                "NVMe offload needs DeepSpeed's async_io op, which builds against libaio, and libaio was not "
+                "found. Install it (Debian/Ubuntu: apt-get install libaio-dev; RHEL: yum install libaio-devel), "
+                "or offload to CPU instead (offload_optimizer_device='cpu', offload_params_device='cpu')."
             )
 
     def _complete_config(self, trainer: Any) -> None:
