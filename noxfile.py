@@ -107,9 +107,11 @@ def types(session: nox.Session) -> None:
 @nox.session(python=PYTHON, tags=["cpu", "integration"])
 def integration(session: nox.Session) -> None:
     """Built wheels installed into fresh environments, as users install them."""
+    # hatchling builds the wheels without build isolation; jsonargparse is LightningCLI's.
     session.install(
-        "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "pytest", "pytest-timeout", "build"
-    )
+        "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "jsonargparse[signatures]>=4.39",
+        "hatchling", "pytest", "pytest-timeout",
+    )  # fmt: skip
     session.run("pytest", str(ROOT / "integration_tests"), "-m", "not gpu", "-p", "no:cacheprovider", "-ra",
                 f"--basetemp={session.create_tmp()}/pytest", "--timeout=1800", *session.posargs)  # fmt: skip
 
