@@ -15,14 +15,9 @@ from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
 from lightning.fabric.utilities.distributed import (
     _distributed_is_initialized,
-    _get_default_process_group_backend_for_device,
-    _init_dist_connection,
     _sync_ddp_if_available,
 )
 from lightning.fabric.utilities.distributed import group as distributed_group
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.fabric.utilities.seed import reset_seed
-from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
@@ -30,13 +25,14 @@ from torch.optim import Optimizer
 from lightning_strategies.parameters import check_choice
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
-from lightning_strategies_fsdp.sharding import build_mesh, set_gradient_sync, shard_model
+from lightning_strategies_fsdp.process_group import ProcessGroupMixin
+from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class FSDP2FabricStrategy(ParallelStrategy):
+class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
     """Fully Sharded Data Parallel on ``fully_shard`` for Fabric; see ``FSDP2Strategy`` for the arguments.
 
     Set up the model before creating its optimizer: sharding replaces the parameters.
@@ -96,31 +92,12 @@ class FSDP2FabricStrategy(ParallelStrategy):
         self._backward_sync_control = _GradientSyncControl()
 
     @property
-    def device_mesh(self) -> DeviceMesh:
-        if self._device_mesh is None:
-            raise RuntimeError("The device mesh exists once the processes are initialized (after setup_environment).")
-        return self._device_mesh
-
-    @property
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
     def num_nodes(self) -> int:
         return self._num_nodes
 
     @num_nodes.setter
     def num_nodes(self, num_nodes: int) -> None:
         self._num_nodes = num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
 
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
@@ -129,20 +106,7 @@ class FSDP2FabricStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        reset_seed()
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
-        self._process_group_backend = self._process_group_backend or _get_default_process_group_backend_for_device(
-            self.root_device
-        )
-        assert self.cluster_environment is not None
-        device_id = self.root_device if self.root_device.type != "cpu" else None
-        _init_dist_connection(
-            self.cluster_environment, self._process_group_backend, timeout=self._timeout, device_id=device_id
-        )
-        self._device_mesh = build_mesh(self.options, self.root_device, self.world_size, self.num_nodes)
+        self.connect_processes()
 
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
         raise NotImplementedError(

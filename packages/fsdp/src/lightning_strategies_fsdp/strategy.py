@@ -20,20 +20,15 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.distributed import (
     _distributed_is_initialized,
-    _get_default_process_group_backend_for_device,
-    _init_dist_connection,
     _sync_ddp_if_available,
 )
 from lightning.fabric.utilities.distributed import group as distributed_group
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
-from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 
@@ -42,7 +37,8 @@ from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
 from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
-from lightning_strategies_fsdp.sharding import build_mesh, set_gradient_sync, shard_model
+from lightning_strategies_fsdp.process_group import ProcessGroupMixin
+from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -51,7 +47,7 @@ if TYPE_CHECKING:
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
-class FSDP2Strategy(OwnPrecisionMixin, ParallelStrategy):
+class FSDP2Strategy(OwnPrecisionMixin, ProcessGroupMixin, ParallelStrategy):
     """Fully Sharded Data Parallel on ``torch.distributed.fsdp.fully_shard`` (FSDP2).
 
     Accepts Lightning's FSDPStrategy arguments. ``sharding_strategy`` picks the mesh and
@@ -123,28 +119,8 @@ class FSDP2Strategy(OwnPrecisionMixin, ParallelStrategy):
         return FSDP2BF16MixedPrecision("cpu" if isinstance(self.accelerator, CPUAccelerator) else "cuda")
 
     @property
-    def device_mesh(self) -> DeviceMesh:
-        if self._device_mesh is None:
-            raise RuntimeError("The device mesh exists once the processes are initialized (after setup_environment).")
-        return self._device_mesh
-
-    @property
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    @property
     def is_distributed(self) -> bool:
         return True
-
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # Every process is a data-parallel rank, hybrid sharding included.
-        return {"num_replicas": self.num_nodes * self.num_processes, "rank": self.global_rank}
 
     @property
     def process_group_backend(self) -> str | None:
@@ -166,25 +142,9 @@ class FSDP2Strategy(OwnPrecisionMixin, ParallelStrategy):
 
     def setup_environment(self) -> None:
         super().setup_environment()
-        reset_seed()
-        self.set_world_ranks()
-        self._process_group_backend = self._process_group_backend or _get_default_process_group_backend_for_device(
-            self.root_device
-        )
-        assert self.cluster_environment is not None
-        device_id = self.root_device if self.root_device.type != "cpu" else None
-        _init_dist_connection(
-            self.cluster_environment, self._process_group_backend, timeout=self._timeout, device_id=device_id
-        )
-        self._device_mesh = build_mesh(self.options, self.root_device, self.world_size, self.num_nodes)
+        self.connect_processes()
         assert self.lightning_module is not None
         self.lightning_module._device_mesh = self._device_mesh  # readable in configure_model
-
-    def set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
 
     def setup(self, trainer: pl.Trainer) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel
