@@ -77,7 +77,7 @@ def test_bf16_clipping_with_cpu_held_optimizer_is_refused(placement):
 
 
 def test_colossalai_out_of_range_names_the_install_line(monkeypatch):
-    monkeypatch.setattr(backend, "installed_version", lambda distribution: "0.4.6")
+    monkeypatch.setattr("lightning_strategies.backends.installed_version", lambda distribution: "0.4.6")
     with pytest.raises(MissingBackendError, match=r"colossalai 0.4.6 is installed.*pip install --no-deps"):
         backend.load_colossalai()
 

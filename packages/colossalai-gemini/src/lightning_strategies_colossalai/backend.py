@@ -10,9 +10,8 @@ from __future__ import annotations
 from types import ModuleType
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
-from lightning_strategies.backends import installed_version, require_backend
+from lightning_strategies.backends import require_backend
 from lightning_strategies.errors import MissingBackendError
 
 DISTRIBUTION = "lightning-strategies-colossalai-gemini"
@@ -25,23 +24,19 @@ INSTALL_HINT = (
 
 def load_colossalai() -> ModuleType:
     """Import colossalai and its Gemini plugin, or raise MissingBackendError with the install line."""
-    version = installed_version("colossalai")
-    if version is not None and not SUPPORTED.contains(Version(version), prereleases=True):
-        raise MissingBackendError(
-            f"{DISTRIBUTION} supports colossalai{SUPPORTED}, but colossalai {version} is installed. "
-            f"Install a supported version with: {INSTALL_HINT}"
-        )
+    # The range is given here: colossalai cannot be a declared requirement (see above).
     colossalai = require_backend(
         "colossalai",
         backend_distribution="colossalai",
         strategy_distribution=DISTRIBUTION,
         install_hint=INSTALL_HINT,
+        supported=str(SUPPORTED),
     )
     try:
         import colossalai.booster.plugin
     except ImportError as error:
         raise MissingBackendError(
-            f"colossalai {version} is installed but its Gemini plugin cannot be imported: {error}. "
+            f"colossalai {colossalai.__version__} is installed but its Gemini plugin cannot be imported: {error}. "
             f'Install the packages it needs with: pip install "{DISTRIBUTION}[backend]"'
         ) from error
     return colossalai
