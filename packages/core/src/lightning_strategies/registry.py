@@ -133,24 +133,17 @@ class StrategyEntry:
     def namespaces(self) -> tuple[str, ...]:
         return tuple(ns for ns in NAMESPACES if self.target_for(ns) is not None)
 
-    def check_capabilities(
-        self,
-        accelerator: str | None = None,
-        precision: str | None = None,
-        optimizer: str | None = None,
-        accumulate_grad_batches: int | None = None,
-    ) -> None:
-        """Refuse, with the allowed values, a combination the metadata says cannot work."""
+    def check_capabilities(self, accelerator: str | None = None, precision: str | None = None) -> None:
+        """Refuse, with the allowed values, an accelerator or precision the metadata rules out.
+
+        Called before the class is imported. Optimizer and gradient-accumulation limits are only
+        known once the model and Trainer exist, so strategies enforce those in setup.
+        """
         problems = []
         if accelerator and self.accelerators and _accelerator_family(accelerator) not in self.accelerators:
             problems.append(f"accelerator={accelerator!r} is not supported (supported: {', '.join(self.accelerators)})")
         if precision and self.precisions and str(precision) not in self.precisions:
             problems.append(f"precision={precision!r} is not supported (supported: {', '.join(self.precisions)})")
-        if optimizer and self.optimizers and optimizer not in self.optimizers:
-            allowed = ", ".join(self.optimizers)
-            problems.append(f"optimizer {optimizer!r} is not supported (use one of: {allowed})")
-        if accumulate_grad_batches and accumulate_grad_batches > 1 and not self.gradient_accumulation:
-            problems.append("gradient accumulation (accumulate_grad_batches > 1) is not supported")
         if problems:
             raise CapabilityError(
                 f"Strategy {self.name!r} ({self.provider}): " + "; ".join(problems) + ". "
