@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_strategies.errors import CapabilityError
 from lightning_strategies.precision import OwnPrecisionMixin
+from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai.backend import load_colossalai
 from lightning_strategies_colossalai.checkpoint_state import (
     fp32_chunk_transfers,
@@ -71,7 +72,7 @@ CPU_ADAM_ON_GPU_REASON = (
 )
 
 
-class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
+class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     """ColossalAI Gemini: chunk-based ZeRO with parameters and optimizer states placed on GPU or CPU.
 
     Build the model in ``LightningModule.configure_model`` so it is created lazily and sharded into
@@ -249,6 +250,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, DDPStrategy):
         # What colossalai.launch would do, on Lightning's process group instead of its own.
         torch.cuda.set_device(self.root_device)
         super().setup_environment()
+        watch_ranks(self.global_rank, self.world_size)
         self._seed_ranks_alike()
 
     def _seed_ranks_alike(self) -> None:

@@ -24,6 +24,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from lightning_strategies.parameters import check_choice
+from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import import_deepspeed
@@ -164,6 +165,7 @@ class DeepSpeedFabricStrategy(DDPStrategy):
 
     def _setup_distributed(self) -> None:
         super()._setup_distributed()
+        watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
         deepspeed.init_distributed(
             dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_strategies.errors import MissingBackendError
 from lightning_strategies.precision import OwnPrecisionMixin
+from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import import_deepspeed
@@ -35,7 +36,7 @@ from lightning_strategies_deepspeed.precision import DeepSpeedPrecision
 log = logging.getLogger(__name__)
 
 
-class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
+class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     """ZeRO stages 0-3 with CPU/NVMe offload; the parameters are those of Lightning's DeepSpeedStrategy.
 
     ``config`` (a dict or a JSON file) replaces the config built from the other parameters; any
@@ -153,6 +154,7 @@ class DeepSpeedStrategy(OwnPrecisionMixin, DDPStrategy):
 
     def setup_distributed(self) -> None:
         super().setup_distributed()
+        watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
         # Attach DeepSpeed's communication layer to the process group Lightning created.
         deepspeed.init_distributed(

@@ -15,6 +15,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.fabric.utilities.seed import reset_seed
 from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
 
+from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_fsdp.sharding import build_mesh
 
 if TYPE_CHECKING:
@@ -74,4 +75,5 @@ class ProcessGroupMixin:
         _init_dist_connection(
             self.cluster_environment, self._process_group_backend, timeout=self._timeout, device_id=device_id
         )
+        watch_ranks(self.global_rank, self.world_size)
         self._device_mesh = build_mesh(self.options, self.root_device, self.world_size, self.num_nodes)

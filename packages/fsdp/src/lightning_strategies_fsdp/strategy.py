@@ -34,6 +34,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies.parameters import check_choice
 from lightning_strategies.precision import OwnPrecisionMixin
+from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
 from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
-class FSDP2Strategy(OwnPrecisionMixin, ProcessGroupMixin, ParallelStrategy):
+class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, ParallelStrategy):
     """Fully Sharded Data Parallel on ``torch.distributed.fsdp.fully_shard`` (FSDP2).
 
     Accepts Lightning's FSDPStrategy arguments. ``sharding_strategy`` picks the mesh and
