@@ -7,6 +7,7 @@ Importing this package is cheap (no torch, no Lightning); the registry is filled
 from lightning_strategies.activation import activate
 from lightning_strategies.errors import (
     CapabilityError,
+    CheckpointError,
     MissingBackendError,
     StrategyConflictError,
     StrategyLookupError,
@@ -18,6 +19,7 @@ from lightning_strategies.version import __version__
 
 __all__ = [
     "CapabilityError",
+    "CheckpointError",
     "MissingBackendError",
     "StrategyConflictError",
     "StrategyEntry",

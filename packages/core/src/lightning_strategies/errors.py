@@ -28,3 +28,8 @@ class MissingBackendError(ImportError):
 
 class PluginLoadError(RuntimeError):
     """A plugin's entry point could not be imported or its hook failed; recorded, never fatal."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: missing, truncated, corrupted, or from another strategy
+    or world size that this one cannot read."""

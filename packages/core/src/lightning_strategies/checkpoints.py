@@ -1,0 +1,195 @@
+"""Checkpoints that survive a crash mid-save, and loading errors that say what happened.
+
+Saving: a strategy writes into a staging path beside the target and publishes it once every
+rank has written, with one atomic rename (or, for a folder replacing a folder, an atomic
+exchange of the two). A process killed at any moment of a save therefore leaves the previous
+checkpoint whole under its name, and nothing half-written carries a name that Lightning's
+``ckpt_path="last"`` would pick: the staging folder is hidden and has no ``.ckpt`` suffix.
+
+Loading: a missing, truncated or foreign checkpoint becomes a ``CheckpointError`` naming the
+problem and the fix, before a backend's loader fails somewhere deep inside.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_strategies.errors import CheckpointError
+
+STAGING_FOLDER = ".lightning-strategies-staging"
+_PREVIOUS_SUFFIX = ".previous"
+_TRASH_SUFFIX = ".removing"
+
+
+def staging_path(path: str | os.PathLike[str]) -> Path:
+    path = Path(path)
+    return path.parent / STAGING_FOLDER / path.name
+
+
+@contextmanager
+def staged_save(
+    path: str | os.PathLike[str], is_global_zero: bool = True, barrier: Callable[[], None] = lambda: None
+) -> Iterator[Path]:
+    """Yield the path every rank writes to; publish it as ``path`` once all ranks are done.
+
+    Every rank enters and leaves together (``barrier`` is the strategy's). If the body raises,
+    nothing is published and the previous checkpoint stays as it was.
+    """
+    target = Path(path)
+    staged = staging_path(target)
+    if is_global_zero:
+        recover(target)
+        _remove_tree(staged)  # left by a save that was killed
+        staged.parent.mkdir(parents=True, exist_ok=True)
+    barrier()
+    yield staged
+    barrier()
+    if is_global_zero:
+        publish(staged, target)
+    barrier()
+
+
+def publish(staged: Path, target: Path) -> None:
+    """Move a completely written checkpoint from ``staged`` to ``target`` in one step."""
+    _sync_tree(staged)
+    if target.exists() and target.is_dir() != staged.is_dir():
+        # A file replacing a folder (or the reverse), e.g. after switching state_dict_type:
+        # no single rename can do it, so keep the old one aside until the new one is in place.
+        _swap_with_previous(staged, target)
+    elif target.is_dir() and _exchange(staged, target):
+        _remove_tree(staged)  # now holds the previous checkpoint
+    elif target.is_dir():
+        _swap_with_previous(staged, target)
+    else:
+        os.replace(staged, target)  # atomic for files, and for a folder where nothing was
+    _sync_folder(target.parent)
+
+
+def recover(path: str | os.PathLike[str]) -> None:
+    """Put back a checkpoint left aside by a save killed between its two renames."""
+    target = Path(path)
+    previous = _previous_path(target)
+    if previous.exists() and not target.exists():
+        os.replace(previous, target)
+
+
+def remove(path: str | os.PathLike[str]) -> None:
+    """Delete a checkpoint so that a kill half way never leaves a partial one under its name."""
+    target = Path(path)
+    if not target.exists():
+        return
+    trash = staging_path(target).with_name(target.name + _TRASH_SUFFIX)
+    trash.parent.mkdir(parents=True, exist_ok=True)
+    _remove_tree(trash)
+    os.replace(target, trash)
+    _remove_tree(trash)
+
+
+def load_file(path: str | os.PathLike[str], weights_only: bool | None = None, **options: Any) -> Any:
+    """``torch.load`` with errors that name the file, what is wrong with it and what to do."""
+    path = Path(path)
+    check_file(path)
+    try:
+        return torch.load(path, weights_only=weights_only, **options)
+    except Exception as error:
+        if weights_only is not False and "weights_only" in str(error):
+            raise CheckpointError(
+                f"{path} holds objects that loading with weights_only=True refuses (it runs no pickled code): "
+                f"{str(error).splitlines()[0]} Pass weights_only=False to trainer.fit/validate/test/predict if "
+                "you trust the file, or allow the classes with torch.serialization.add_safe_globals."
+            ) from error
+        raise CheckpointError(f"{path} could not be read ({error}). {_CORRUPT_HINT}") from error
+
+
+def check_file(path: Path) -> None:
+    """Refuse a missing, empty or truncated ``torch.save`` file before reading it."""
+    if not path.exists():
+        raise CheckpointError(f"No checkpoint file at {path}. Check the path, or list the folder for the ones there.")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"The checkpoint file {path} is empty. {_CORRUPT_HINT}")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"The checkpoint file {path} is truncated or corrupted: its table of contents (the end of a "
+            f"torch.save file) is missing. {_CORRUPT_HINT}"
+        )
+
+
+def check_files(folder: Path, pattern: str = "**/*.pt") -> None:
+    """``check_file`` for every ``torch.save`` file of a checkpoint folder."""
+    for path in sorted(folder.glob(pattern)):
+        check_file(path)
+
+
+_CORRUPT_HINT = (
+    "The file was damaged after it was written (checkpoints from this project are published only once "
+    "complete). Resume from an earlier checkpoint, or copy this one again from where it came from."
+)
+
+
+def _previous_path(target: Path) -> Path:
+    return staging_path(target).with_name(target.name + _PREVIOUS_SUFFIX)
+
+
+def _swap_with_previous(staged: Path, target: Path) -> None:
+    previous = _previous_path(target)
+    _remove_tree(previous)
+    os.replace(target, previous)
+    os.replace(staged, target)  # a kill between these two renames is undone by recover()
+    _remove_tree(previous)
+
+
+_RENAME_EXCHANGE = 2
+_AT_CURRENT_FOLDER = -100
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    result = renameat2(
+        _AT_CURRENT_FOLDER, os.fsencode(first), _AT_CURRENT_FOLDER, os.fsencode(second), _RENAME_EXCHANGE
+    )
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False  # a file system without exchange (NFS, some FUSE mounts)
+    raise OSError(code, os.strerror(code), str(first))
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _sync_tree(path: Path) -> None:
+    """Flush what was written to disk: a preempted node must not come back with empty files."""
+    files = [path] if path.is_file() else [item for item in path.rglob("*") if item.is_file()]
+    for file in files:
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+    if path.is_dir():
+        for folder in [path, *[item for item in path.rglob("*") if item.is_dir()]]:
+            _sync_folder(folder)
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

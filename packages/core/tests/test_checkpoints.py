@@ -1,0 +1,128 @@
+"""Crash-safe saves and clear load errors, with real processes killed mid-save."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_strategies.checkpoints import (
+    STAGING_FOLDER,
+    check_file,
+    load_file,
+    publish,
+    recover,
+    remove,
+    staged_save,
+    staging_path,
+)
+from lightning_strategies.errors import CheckpointError
+
+WRITER = Path(__file__).with_name("checkpoint_writer.py")
+KILLS = 12
+
+
+def versions_in(path: Path) -> set[float]:
+    files = sorted(path.glob("*.pt")) if path.is_dir() else [path]
+    return {load_file(file, weights_only=True)["weights"].unique().item() for file in files}
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_save_killed_at_any_moment_leaves_the_previous_checkpoint_whole(kind: str, tmp_path: Path) -> None:
+    target = tmp_path / "last.ckpt"
+    survived = 0
+    rng = random.Random(0)
+    for _ in range(KILLS):
+        writer = subprocess.Popen([sys.executable, str(WRITER), str(target), kind], stdout=subprocess.PIPE, text=True)
+        assert writer.stdout is not None
+        writer.stdout.readline()  # one save is complete: from now on a checkpoint must always exist
+        time.sleep(rng.uniform(0, 0.3))
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        recover(target)  # what every save and load of our strategies does first
+        versions = versions_in(target)
+        assert len(versions) == 1, f"a mix of versions {versions}: a partial save was published"
+        if kind == "folder":
+            assert len(list(target.glob("*.pt"))) == 4
+        # Lightning looks for "last" checkpoints among the folder's *.ckpt entries only.
+        assert sorted(path.name for path in tmp_path.glob("*.ckpt")) == ["last.ckpt"]
+        survived += 1
+    assert survived == KILLS
+
+
+def test_a_failed_save_publishes_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "model.ckpt"
+    torch.save({"weights": torch.ones(1)}, target)
+    with pytest.raises(RuntimeError, match="disk full"), staged_save(target) as staged:
+        torch.save({"weights": torch.zeros(1)}, staged)
+        raise RuntimeError("disk full")
+    assert load_file(target, weights_only=True)["weights"].item() == 1
+
+
+@pytest.mark.parametrize(("before", "after"), [("folder", "file"), ("file", "folder"), ("folder", "folder")])
+def test_publish_replaces_any_kind_with_any_kind(before: str, after: str, tmp_path: Path) -> None:
+    target = tmp_path / "model.ckpt"
+    for kind, value in ((before, 1.0), (after, 2.0)):
+        staged = staging_path(target)
+        staged.parent.mkdir(exist_ok=True)
+        if kind == "folder":
+            staged.mkdir()
+            torch.save({"weights": torch.tensor(value)}, staged / "shard.pt")
+        else:
+            torch.save({"weights": torch.tensor(value)}, staged)
+        publish(staged, target)
+    assert target.is_dir() == (after == "folder")
+    assert versions_in(target) == {2.0}
+    assert list((tmp_path / STAGING_FOLDER).iterdir()) == []
+
+
+def test_recover_puts_back_a_checkpoint_left_aside_between_two_renames(tmp_path: Path) -> None:
+    target = tmp_path / "last.ckpt"
+    previous = staging_path(target).with_name("last.ckpt.previous")
+    previous.parent.mkdir()
+    torch.save({"weights": torch.ones(1)}, previous)
+    recover(target)
+    assert versions_in(target) == {1.0}
+
+
+def test_remove_leaves_no_partial_checkpoint_under_the_name(tmp_path: Path) -> None:
+    target = tmp_path / "epoch=0.ckpt"
+    target.mkdir()
+    (target / "shard.pt").write_bytes(b"x")
+    remove(target)
+    assert not target.exists()
+
+
+def test_a_truncated_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "model.ckpt"
+    torch.save({"weights": torch.ones(1000)}, path)
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(CheckpointError, match=r"truncated or corrupted.*Resume from an earlier checkpoint"):
+        check_file(path)
+
+
+@pytest.mark.parametrize(("content", "message"), [(None, "No checkpoint file at"), (b"", "is empty")])
+def test_a_missing_or_empty_file_is_refused(content: bytes | None, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "model.ckpt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=message):
+        load_file(path)
+
+
+class Custom:
+    pass
+
+
+def test_weights_only_refusal_says_how_to_allow_a_trusted_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.ckpt"
+    torch.save({"object": Custom()}, path)
+    with pytest.raises(CheckpointError, match=r"weights_only=True refuses.*add_safe_globals"):
+        load_file(path, weights_only=True)
+    assert isinstance(load_file(path, weights_only=False)["object"], Custom)
