@@ -123,7 +123,7 @@ def command_doctor(arguments: argparse.Namespace) -> int:
 
 
 def command_check(arguments: argparse.Namespace) -> int:
-    from lightning_strategies.conformance import run_check
+    from lightning_strategies.conformance import TIERS, run_check
 
     name = arguments.name.lower()
     registry = get_registry()
@@ -141,6 +141,7 @@ def command_check(arguments: argparse.Namespace) -> int:
         devices=arguments.devices,
         precision=arguments.precision,
         timeout=arguments.timeout,
+        tiers=TIERS if arguments.tier == "all" else (arguments.tier,),
     )
     print(report)
     return 0 if report.passed else 1
@@ -168,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--precision", default="32-true", help="Lightning's precision flag; it sets the comparison tolerance"
+    )
+    check.add_argument(
+        "--tier",
+        choices=("basic", "reliability", "all"),
+        default="basic",
+        help="basic: stages, collectives, checkpoints; reliability: saves killed mid-way, resume after kills, "
+        "failed-rank exit (minutes: it trains many short runs)",
     )
     check.add_argument("--timeout", type=float, default=900, help="seconds before all ranks are killed")
     check.set_defaults(handler=command_check)

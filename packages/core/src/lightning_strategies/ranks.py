@@ -82,13 +82,14 @@ def report_failure(exception: BaseException) -> None:
 def _report(watchdog: _Watchdog, exception: BaseException, how: str) -> None:
     if isinstance(exception, KeyboardInterrupt | SystemExit):
         return  # an interrupt reaches every rank of a run; no rank is to blame
-    if watchdog.failure() is not None:
-        watchdog.acknowledge()
-        return  # already recorded, by this rank or by a peer
+    recorded = watchdog.failure()
     # A communication error is often the echo of a peer that died: let the watchdog name it first.
-    if _looks_like_communication_error(exception) and watchdog.wait_for_failure(watchdog.timeout):
+    if recorded is None and _looks_like_communication_error(exception) and watchdog.wait_for_failure(watchdog.timeout):
+        recorded = watchdog.failure()
+    if recorded is not None:
         watchdog.acknowledge()
-        _say(watchdog.rank, f"the error below follows this failure: {watchdog.failure()}.")
+        if not recorded.startswith(f"rank {watchdog.rank} "):
+            _say(watchdog.rank, f"the error below follows this failure: {recorded}.")
         return
     first_line = (str(exception).strip().splitlines() or [""])[0]
     summary = type(exception).__name__ + (f": {first_line}" if first_line else "")

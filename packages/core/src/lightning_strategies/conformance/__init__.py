@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,9 @@ class CheckReport:
         return "\n".join(lines)
 
 
+TIERS = ("basic", "reliability")
+
+
 def run_check(
     strategy: str,
     accelerator: str = "cpu",
@@ -60,26 +64,45 @@ def run_check(
     precision: str = "32-true",
     timeout: float = 900,
     workdir: str | os.PathLike[str] | None = None,
+    tiers: Sequence[str] = ("basic",),
 ) -> CheckReport:
-    """Run the conformance suite for ``strategy`` in a new process and collect every rank's report."""
+    """Run the conformance tiers for ``strategy`` in new processes and collect every rank's report.
+
+    ``basic``: stages, collectives, checkpoint round trip and resume equality. ``reliability``:
+    saves killed mid-way, resume after kills, and failed-rank exit (see ``reliability.py``).
+    """
+    unknown = [tier for tier in tiers if tier not in TIERS]
+    if unknown:
+        raise ValueError(f"Unknown conformance tier(s) {unknown}; choose from {list(TIERS)}.")
     with tempfile.TemporaryDirectory(prefix="lightning-strategies-check-") as scratch:
         directory = Path(workdir) if workdir else Path(scratch)
         directory.mkdir(parents=True, exist_ok=True)
-        report_prefix = str(directory / "report")
-        command = [
-            sys.executable, "-m", "lightning_strategies.conformance",
-            "--strategy", strategy, "--accelerator", accelerator, "--devices", str(devices),
-            "--precision", precision, "--workdir", str(directory), "--report", report_prefix,
-        ]  # fmt: skip
-        returncode, output = _run(command, timeout)
-        report = CheckReport(strategy, accelerator, devices, precision, returncode=returncode, output=output)
-        for rank_file in sorted(directory.glob("report.rank*.json")):
-            rank = rank_file.name.removeprefix("report.rank").removesuffix(".json")
-            for result in json.loads(rank_file.read_text()):
-                if devices > 1:
-                    result["check"] = f"{result['check']} [rank {rank}]"
-                report.results.append(result)
+        report = CheckReport(strategy, accelerator, devices, precision)
+        if "basic" in tiers:
+            _run_basic_tier(report, directory, timeout)
+        if "reliability" in tiers and ("basic" not in tiers or report.passed):
+            from lightning_strategies.conformance.reliability import RunOptions, run_reliability_tier
+            from lightning_strategies.conformance.tolerances import tolerance_for
+
+            options = RunOptions(strategy, accelerator, devices, precision, timeout, tolerance_for(precision))
+            report.results.extend(run_reliability_tier(options, directory / "reliability"))
         return report
+
+
+def _run_basic_tier(report: CheckReport, directory: Path, timeout: float) -> None:
+    report_prefix = str(directory / "report")
+    command = [
+        sys.executable, "-m", "lightning_strategies.conformance",
+        "--strategy", report.strategy, "--accelerator", report.accelerator, "--devices", str(report.devices),
+        "--precision", report.precision, "--workdir", str(directory), "--report", report_prefix,
+    ]  # fmt: skip
+    report.returncode, report.output = _run(command, timeout)
+    for rank_file in sorted(directory.glob("report.rank*.json")):
+        rank = rank_file.name.removeprefix("report.rank").removesuffix(".json")
+        for result in json.loads(rank_file.read_text()):
+            if report.devices > 1:
+                result["check"] = f"{result['check']} [rank {rank}]"
+            report.results.append(result)
 
 
 def _run(command: list[str], timeout: float) -> tuple[int, str]:

@@ -19,11 +19,8 @@ import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 
 from lightning_strategies.conformance.model import SAMPLES, ConformanceModel, loader
+from lightning_strategies.conformance.tolerances import tolerance_for
 from lightning_strategies.registry import get_registry
-
-# Precisions whose arithmetic is exact enough to compare runs tightly.
-_TOLERANCES = {"32-true": 1e-5, "32": 1e-5, "64-true": 1e-7}
-_LOW_PRECISION_TOLERANCE = 2e-2
 
 
 @dataclass
@@ -108,7 +105,7 @@ class ConformanceSuite:
         self.results: list[CheckResult] = []
         entry = get_registry().entry(options.strategy) if options.strategy in get_registry() else None
         self.optimizer = entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam"
-        self.tolerance = _TOLERANCES.get(str(options.precision), _LOW_PRECISION_TOLERANCE)
+        self.tolerance = tolerance_for(options.precision)
         self.workdir = Path(options.workdir)
 
     def trainer(self, **overrides: Any) -> Trainer:

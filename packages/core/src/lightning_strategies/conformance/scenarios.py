@@ -1,0 +1,130 @@
+"""One training run of the reliability tier, meant to be interrupted: every rank runs this module.
+
+``python -m lightning_strategies.conformance.scenarios`` trains the conformance model with a
+checkpoint at every epoch end and prints, from rank 0, the events the driver in
+``reliability.py`` times its kills on::
+
+    @resumed epoch=E            training starts at epoch E (0 when fresh)
+    @save-begin NAME epoch=E    checkpoint NAME (last.ckpt among them) of epoch E is being written
+    @save-end NAME epoch=E      ... and is complete
+    @done                       training ended; predictions.rank<R>.pt are written
+
+With ``--fail-rank R`` rank R fails at its ``--fail-step``-th step, by raising or by SIGKILL,
+after writing the time to ``failed-at``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_strategies.conformance.model import ConformanceModel, loader
+from lightning_strategies.conformance.reliability import CHECKPOINTS, FAILED_AT
+from lightning_strategies.registry import get_registry
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m lightning_strategies.conformance.scenarios")
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--max-epochs", type=int, default=6)
+    parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint")
+    parser.add_argument("--fail-rank", type=int, default=None)
+    parser.add_argument("--fail-how", choices=("raise", "kill"), default="raise")
+    parser.add_argument("--fail-step", type=int, default=3)
+    return parser.parse_args(argv)
+
+
+def announce(trainer: Trainer, event: str) -> None:
+    if trainer.is_global_zero:
+        print(f"@{event}", flush=True)
+
+
+class AnnouncedCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that says when each save starts and ends."""
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        name = Path(filepath).name
+        announce(trainer, f"save-begin {name} epoch={trainer.current_epoch}")
+        super()._save_checkpoint(trainer, filepath)
+        announce(trainer, f"save-end {name} epoch={trainer.current_epoch}")
+
+
+class Events(Callback):
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        announce(trainer, f"resumed epoch={trainer.current_epoch}")
+
+
+class BallastedModel(ConformanceModel):
+    """The conformance model carrying 32 MB of state it never uses, so that a save lasts long enough
+    (tenths of a second) for kills to land inside it."""
+
+    def __init__(self, optimizer: str) -> None:
+        super().__init__(optimizer=optimizer)
+        self.register_buffer("ballast", torch.zeros(8 * 1024 * 1024))
+
+
+class FailOnPurpose(Callback):
+    def __init__(self, rank: int, how: str, step: int, workdir: Path) -> None:
+        self.rank, self.how, self.step, self.workdir = rank, how, step, workdir
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_rank != self.rank or trainer.global_step != self.step:
+            return
+        (self.workdir / FAILED_AT).write_text(repr(time.time()))
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        # The message does not name the rank: the check looks for the other ranks' word on it.
+        raise RuntimeError("failing on purpose (conformance check of failed-rank exit)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(argv)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    workdir = Path(arguments.workdir)
+    entry = get_registry().entry(arguments.strategy) if arguments.strategy in get_registry() else None
+    torch.manual_seed(0)
+    model = BallastedModel(optimizer=entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam")
+    seed_everything(0, verbose=False)
+    callbacks: list[Callback] = [
+        Events(),
+        AnnouncedCheckpoint(dirpath=workdir / CHECKPOINTS, save_last=True, every_n_epochs=1),
+    ]
+    if arguments.fail_rank is not None:
+        callbacks.append(FailOnPurpose(arguments.fail_rank, arguments.fail_how, arguments.fail_step, workdir))
+    trainer = Trainer(
+        strategy=arguments.strategy,
+        accelerator=arguments.accelerator,
+        devices=arguments.devices,
+        precision=arguments.precision,
+        max_epochs=arguments.max_epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(workdir),
+    )
+    trainer.fit(model, train_dataloaders=loader(), ckpt_path="last" if arguments.resume else None)
+    predictions = torch.cat([batch.float().cpu() for batch in trainer.predict(model, dataloaders=loader())])
+    torch.save(predictions, workdir / f"predictions.rank{trainer.global_rank}.pt")
+    announce(trainer, "done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
