@@ -175,12 +175,12 @@ def check_kills_and_resume(options: RunOptions, workdir: Path) -> list[dict[str,
     except (TimeoutError, RuntimeError) as error:
         return [{"check": "crash-safe save", "passed": False, "detail": str(error)}]
 
-    inside = kills.count("inside a save")
+    inside_saves = kills.count("inside a save")
     safe = {
         "check": "crash-safe save",
         "passed": not problems,
         "detail": "; ".join(problems)
-        or f"{len(kills)} kills ({inside} inside a save), each resumed from the newest complete checkpoint",
+        or f"{len(kills)} kills ({inside_saves} inside a save), each resumed from the newest complete checkpoint",
     }
     return [safe, _compare_predictions(options, interrupted, uninterrupted, len(kills))]
 

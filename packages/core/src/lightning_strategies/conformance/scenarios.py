@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         default_root_dir=str(workdir),
     )
     trainer.fit(model, train_dataloaders=loader(), ckpt_path="last" if arguments.resume else None)
-    predictions = torch.cat([batch.float().cpu() for batch in trainer.predict(model, dataloaders=loader())])
+    batches = trainer.predict(model, dataloaders=loader()) or []
+    predictions = torch.cat([batch.float().cpu() for batch in batches])  # type: ignore[union-attr]
     torch.save(predictions, workdir / f"predictions.rank{trainer.global_rank}.pt")
     announce(trainer, "done")
     return 0
