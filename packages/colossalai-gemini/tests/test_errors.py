@@ -84,11 +84,3 @@ def test_colossalai_out_of_range_names_the_install_line(monkeypatch):
 
 def test_colossalai_loads_on_current_torch():
     assert backend.load_colossalai().__version__.startswith("0.5.")
-
-
-def test_missing_sharded_checkpoint_folder_parts_are_explained(tmp_path):
-    strategy = ColossalAIStrategy(placement_policy="cuda")
-    with pytest.raises(ValueError, match=r"not a ColossalAIStrategy sharded checkpoint"):
-        strategy.load_checkpoint(tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint"):
-        strategy.load_checkpoint(tmp_path / "missing.ckpt")

@@ -241,6 +241,35 @@ def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict
     assert scalers[0]._growth_step == scalers[1]._growth_step
 
 
+@gpus(1)
+@pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
+def test_save_failing_half_way_keeps_the_previous_checkpoint_loadable(tmp_path, state_dict_type):
+    from failing_save import DISK_FULL, digests, disk_full_half_way
+    from tiny_gpt import TinyGPT
+
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    def trainer():
+        strategy = ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type)
+        return make_trainer(strategy, "16-mixed", tmp_path, logger=False, max_steps=2, enable_checkpointing=False)
+
+    first = trainer()
+    first.fit(TinyGPT())
+    path = tmp_path / "last.ckpt"
+    first.save_checkpoint(path)
+    saved, previous = master_weights(first), digests(path)
+    with disk_full_half_way(first.strategy), pytest.raises(OSError, match=DISK_FULL):
+        first.save_checkpoint(path)
+    assert digests(path) == previous  # not one byte of the previous checkpoint changed
+    assert sorted(item.name for item in tmp_path.iterdir() if not item.name.startswith(".")) == ["last.ckpt"]
+
+    resumed = trainer()
+    resumed.fit(TinyGPT(), ckpt_path=path)  # torch's default weights_only; max_steps reached: restores only
+    assert resumed.global_step == 2
+    for key, value in saved.items():
+        torch.testing.assert_close(master_weights(resumed)[key], value, rtol=0, atol=0)
+
+
 @gpus(2)
 @pytest.mark.parametrize(
     ("state_dict_type", "placement", "precision"),
@@ -257,4 +286,18 @@ def test_two_gpus_train_and_resume(tmp_path, state_dict_type, placement, precisi
     assert result["gathered_ranks"] == [0.0, 1.0]
     assert result["checkpoint_is_folder"] == (state_dict_type == "sharded")
     assert result["global_step"] == 6
+    assert result["failed_save_kept_previous"]
     assert result["resumed_equal"], result["max_difference"]
+
+    # Saved on two GPUs, loaded on one: both formats hold whole tensors, so the world size may change.
+    from tiny_gpt import TinyGPT
+
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    strategy = ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type)
+    one = make_trainer(strategy, precision, tmp_path, logger=False, max_steps=-1, max_epochs=1, limit_train_batches=3)
+    one.fit(TinyGPT(), ckpt_path=tmp_path / f"half-{state_dict_type}.ckpt")  # that epoch is done: restores only
+    saved = torch.load(tmp_path / "saved_weights.pt", weights_only=True)
+    loaded = master_weights(one)
+    for key, value in saved.items():
+        torch.testing.assert_close(loaded[key].cpu(), value, rtol=0, atol=0)

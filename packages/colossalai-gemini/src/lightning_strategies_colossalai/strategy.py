@@ -20,10 +20,20 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_strategies.errors import CapabilityError
+from lightning_strategies.checkpoints import staged_save
+from lightning_strategies.errors import CapabilityError, CheckpointError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai.backend import load_colossalai
+from lightning_strategies_colossalai.checkpoint_files import (
+    check_checkpoint_file,
+    check_trainer_checkpoint,
+    folder_kind,
+    is_local,
+    recover_before_load,
+    remove_checkpoint_path,
+    staged_checkpoint,
+)
 from lightning_strategies_colossalai.checkpoint_state import (
     fp32_chunk_transfers,
     load_loss_scaler_state,
@@ -38,10 +48,18 @@ from lightning_strategies_colossalai.options import (
     gemini_plugin_arguments,
 )
 from lightning_strategies_colossalai.precision import GeminiPrecision
+from lightning_strategies_colossalai.sharded_checkpoint import (
+    META_FILE,
+    MODEL_FOLDER,
+    OPTIMIZER_FOLDER,
+    SHARDED_MARKER,
+    check_sharded_folder,
+    is_sharded_folder,
+    read_sharded_meta,
+    sharded_meta,
+)
 
 ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
-_SHARDED_MARKER = "colossalai_sharded_checkpoint"
-_META_FILE = "meta.pt"
 _LOSS_SCALER_KEY = "colossalai_loss_scaler"
 
 # Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
@@ -441,80 +459,98 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         return state if self.is_global_zero else {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Write the checkpoint beside ``filepath`` and publish it there in one step once every rank is done,
+        so a crash mid-save leaves the previous checkpoint under the name (core's ``staged_save``)."""
         if "optimizer_states" in checkpoint and self.optimizers:
             checkpoint[_LOSS_SCALER_KEY] = loss_scaler_state(self.gemini_optimizer)
         if self.settings.state_dict_type == "full":
-            super().save_checkpoint(checkpoint, filepath, storage_options)
+            # The states were gathered before this call; rank 0 alone writes, through the CheckpointIO.
+            with staged_checkpoint(filepath, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
+                super().save_checkpoint(checkpoint, target, storage_options)
             return
         if storage_options is not None:
             raise TypeError(
                 "ColossalAIStrategy(state_dict_type='sharded') writes its own shard files and takes no "
                 "storage_options; use state_dict_type='full' with a CheckpointIO plugin instead."
             )
-        folder = Path(filepath)
-        if self.is_global_zero:
-            if folder.is_file():
-                folder.unlink()  # a full checkpoint of the same name from an earlier run
-            folder.mkdir(parents=True, exist_ok=True)
-        self.barrier("colossalai_sharded_checkpoint_folder")
+        if not is_local(filepath):
+            raise ValueError(
+                f"ColossalAIStrategy(state_dict_type='sharded') writes shard files on a local or mounted file "
+                f"system, not to {str(filepath)!r}. Save to a local path, or use state_dict_type='full' with a "
+                "CheckpointIO plugin for remote storage."
+            )
+        with staged_save(filepath, self.is_global_zero, self.barrier) as folder:
+            self._save_sharded(checkpoint, folder)
+
+    def _save_sharded(self, checkpoint: dict[str, Any], folder: Path) -> None:
+        """Every rank takes part in gathering the shards; rank 0 writes them and the meta file."""
         gemini_io = self._gemini_plugin.get_checkpoint_io()
         with fp32_chunk_transfers(self._gemini_model):
             gemini_io.save_model(
-                self._gemini_model, str(folder / "model"), shard=True, size_per_shard=self.shard_size_mb
+                self._gemini_model, str(folder / MODEL_FOLDER), shard=True, size_per_shard=self.shard_size_mb
             )
         # A weights-only checkpoint (ModelCheckpoint(save_weights_only=True)) has no optimizer_states.
-        with_optimizer = "optimizer_states" in checkpoint
-        if with_optimizer:
+        if "optimizer_states" in checkpoint:
             for optimizer in self.optimizers:
                 gemini_io.save_optimizer(
                     getattr(optimizer, "_optimizer", optimizer),
-                    str(folder / "optimizer"),
+                    str(folder / OPTIMIZER_FOLDER),
                     shard=True,
                     size_per_shard=self.shard_size_mb,
                 )
         if self.is_global_zero:
-            meta = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
-            meta[_SHARDED_MARKER] = True
-            if with_optimizer:
-                # Lightning's checkpoint connector requires this key to restore optimizers; the states
-                # themselves are in the optimizer/ shard files and loaded by load_checkpoint.
-                meta["optimizer_states"] = [{_SHARDED_MARKER: "optimizer"} for _ in self.optimizers]
-            torch.save(meta, folder / _META_FILE)
-        self.barrier("colossalai_sharded_checkpoint_written")
+            torch.save(sharded_meta(checkpoint, len(self.optimizers)), folder / META_FILE)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self.is_global_zero:
+            remove_checkpoint_path(filepath, self.checkpoint_io)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        path = Path(checkpoint_path)
-        if not path.is_dir():
-            if not path.is_file():
-                raise FileNotFoundError(f"ColossalAIStrategy: no checkpoint at {str(path)!r}.")
+        """Load a full checkpoint file or a sharded folder, after checking it is whole and is ColossalAI's."""
+        recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
+        if not (is_local(checkpoint_path) and Path(checkpoint_path).is_dir()):
+            check_checkpoint_file(checkpoint_path, self.checkpoint_io, "ColossalAIStrategy")
             # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
             extra = {} if weights_only is None else {"weights_only": weights_only}
-            return super().load_checkpoint(checkpoint_path, **extra)
-        meta_file = path / _META_FILE
-        if not meta_file.is_file() or not (path / "model").is_dir():
-            raise ValueError(
-                f"{str(path)!r} is a folder but not a ColossalAIStrategy sharded checkpoint (it needs "
-                f"{_META_FILE} and model/). Point ckpt_path at a checkpoint written with "
-                "state_dict_type='sharded', or at a full checkpoint file."
-            )
+            checkpoint = super().load_checkpoint(checkpoint_path, **extra)
+            check_trainer_checkpoint(checkpoint, checkpoint_path)
+            return checkpoint
+        path = Path(checkpoint_path)
+        with_optimizer = bool(self.optimizers) and self.lightning_restore_optimizer
+        meta = self.check_sharded_checkpoint(path, with_optimizer, weights_only)
         if self._gemini_model is None:
             raise RuntimeError("ColossalAIStrategy loads a sharded checkpoint only after the model is set up.")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
         with fp32_chunk_transfers(self._gemini_model):
-            gemini_io.load_model(self._gemini_model, str(path / "model"), strict=True)
-        if self.optimizers and self.lightning_restore_optimizer:
-            if not (path / "optimizer").is_dir():
-                raise ValueError(
-                    f"The sharded checkpoint {str(path)!r} has no optimizer/ folder to resume from: it was saved "
-                    "weights-only. Resume from a checkpoint saved with the optimizer state, or load only the "
-                    "weights (for example trainer.validate(model, ckpt_path=...))."
-                )
+            gemini_io.load_model(self._gemini_model, str(path / MODEL_FOLDER), strict=True)
+        if with_optimizer:
             for optimizer in self.optimizers:
-                gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / "optimizer"))
-        return torch.load(meta_file, map_location="cpu", weights_only=False)
+                gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / OPTIMIZER_FOLDER))
+        return meta
+
+    @staticmethod
+    def check_sharded_checkpoint(path: Path, with_optimizer: bool, weights_only: bool | None) -> dict[str, Any]:
+        """Check a sharded checkpoint folder before ColossalAI reads it and return its ``meta.pt``.
+
+        Another strategy's folder, or a folder of no known format, is refused with what it is and how to
+        convert it; an incomplete or damaged one with what is missing.
+        """
+        kind = folder_kind(path)
+        if kind is not None and kind[0] != "colossalai":
+            _, what, fix = kind
+            raise CheckpointError(f"{path} is {what}, not a ColossalAI checkpoint. {fix}")
+        if not is_sharded_folder(path):
+            raise CheckpointError(
+                f"{path} is a folder but not a ColossalAIStrategy sharded checkpoint (it needs {META_FILE} and "
+                f"{MODEL_FOLDER}/). Point ckpt_path at a checkpoint written with state_dict_type='sharded', or at "
+                "a full checkpoint file."
+            )
+        check_sharded_folder(path, with_optimizer)
+        # Read first: a weights_only refusal stops the load before any shard is read.
+        return read_sharded_meta(path, weights_only)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        if checkpoint.get(_SHARDED_MARKER):
+        if checkpoint.get(SHARDED_MARKER):
             return  # loaded from the shard files in load_checkpoint
         if self._gemini_model is None:
             super().load_model_state_dict(checkpoint, strict=strict)
@@ -525,7 +561,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         if self.optimizers:
             load_loss_scaler_state(self.gemini_optimizer, checkpoint.get(_LOSS_SCALER_KEY))
-        if checkpoint.get(_SHARDED_MARKER):
+        if checkpoint.get(SHARDED_MARKER):
             return  # loaded from the shard files in load_checkpoint
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
             getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)

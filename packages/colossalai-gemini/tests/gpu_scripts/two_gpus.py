@@ -1,7 +1,8 @@
 """Two-GPU training and checkpoint round trip (run by tests/test_gpu.py; Lightning launches rank 1).
 
 Usage: python two_gpus.py OUT_FOLDER STATE_DICT_TYPE PLACEMENT PRECISION
-Writes OUT_FOLDER/result.json on rank 0: losses, and whether resumed fp32 master weights equal uninterrupted ones.
+Writes OUT_FOLDER/result.json on rank 0: losses, whether a save failing half way on both ranks left the
+previous checkpoint as it was, and whether fp32 master weights resumed from it equal uninterrupted ones.
 Runs stop on whole epochs (3 batches each): Lightning restarts a non-resumable dataloader from the epoch's
 start, so a run stopped mid-epoch would replay batches after the resume.
 """
@@ -16,6 +17,7 @@ import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from failing_save import DISK_FULL, digests, disk_full_half_way
 from tiny_gpt import TinyGPT
 
 from lightning_strategies_colossalai.checkpoint_state import fp32_chunk_transfers
@@ -64,6 +66,17 @@ def main() -> None:
     first.fit(TinyGPT())
     checkpoint = out / f"half-{state_dict_type}.ckpt"
     first.save_checkpoint(checkpoint)
+    previous = digests(checkpoint)
+    try:
+        with disk_full_half_way(first.strategy):
+            first.save_checkpoint(checkpoint)
+        failed = False
+    except OSError as error:
+        failed = DISK_FULL in str(error)
+    kept = digests(checkpoint) == previous and [item.name for item in out.glob("*.ckpt")] == [checkpoint.name]
+    saved = full_weights(first)  # gathered by every rank; the GPU test loads the checkpoint on one GPU against it
+    if first.is_global_zero:
+        torch.save({key: value.cpu() for key, value in saved.items()}, out / "saved_weights.pt")
 
     L.seed_everything(7)
     second = trainer(out, state_dict_type, placement, precision, epochs=2)
@@ -86,6 +99,7 @@ def main() -> None:
                     "gathered_ranks": gathered.flatten().tolist(),
                     "global_step": second.global_step,
                     "checkpoint_is_folder": checkpoint.is_dir(),
+                    "failed_save_kept_previous": failed and kept,
                 }
             )
         )

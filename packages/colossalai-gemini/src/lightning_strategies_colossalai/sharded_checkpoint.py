@@ -1,0 +1,103 @@
+"""The sharded checkpoint folder (``meta.pt`` + ``model/`` + ``optimizer/``), checked before ColossalAI reads it.
+
+``model/`` and ``optimizer/`` are ColossalAI's index format: one ``*.index.json`` naming the shard
+files (and, for the optimizer, the param-groups file). Shards hold whole tensors gathered on rank 0,
+so the folder loads on any number of GPUs. ``meta.pt`` is Lightning's checkpoint without the model
+and optimizer states, which the shards hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning_strategies.checkpoints import check_file, load_file
+from lightning_strategies.errors import CheckpointError
+
+SHARDED_MARKER = "colossalai_sharded_checkpoint"
+META_FILE = "meta.pt"
+MODEL_FOLDER = "model"
+OPTIMIZER_FOLDER = "optimizer"
+
+_RESUME_EARLIER = "Resume from an earlier checkpoint, or save this one again."
+
+
+def sharded_meta(checkpoint: dict[str, Any], optimizer_count: int) -> dict[str, Any]:
+    """What ``meta.pt`` holds: Lightning's checkpoint without the states written as shards.
+
+    What this adds is plain values, so ``meta.pt`` loads with ``weights_only=True`` whenever Lightning's
+    own part of the checkpoint does (user hyperparameters of arbitrary classes may not).
+    """
+    meta = {key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")}
+    meta[SHARDED_MARKER] = True
+    if "optimizer_states" in checkpoint:
+        # Lightning's checkpoint connector requires this key to restore optimizers; the states
+        # themselves are in the optimizer/ shard files, loaded by the strategy's load_checkpoint.
+        meta["optimizer_states"] = [{SHARDED_MARKER: "optimizer"} for _ in range(optimizer_count)]
+    return meta
+
+
+def is_sharded_folder(path: Path) -> bool:
+    """A folder meant as a sharded checkpoint: either part is there (completeness is checked apart)."""
+    return path.is_dir() and ((path / META_FILE).exists() or (path / MODEL_FOLDER).exists())
+
+
+def check_sharded_folder(folder: Path, with_optimizer: bool) -> None:
+    """Refuse an incomplete or damaged sharded checkpoint before ColossalAI fails inside its loader."""
+    if not (folder / MODEL_FOLDER).is_dir():
+        raise CheckpointError(
+            f"The sharded checkpoint {folder} has no {MODEL_FOLDER}/ folder with the model shards: it is incomplete "
+            f"(files were removed, or it was copied in part). {_RESUME_EARLIER}"
+        )
+    if not (folder / META_FILE).is_file():
+        raise CheckpointError(
+            f"The sharded checkpoint {folder} has no {META_FILE} (Lightning's training state): it is incomplete "
+            f"(files were removed, or it was copied in part). {_RESUME_EARLIER}"
+        )
+    check_file(folder / META_FILE)
+    _check_shards(folder / MODEL_FOLDER, "model")
+    if not with_optimizer:
+        return
+    if not (folder / OPTIMIZER_FOLDER).is_dir():
+        raise CheckpointError(
+            f"The sharded checkpoint {folder} has no {OPTIMIZER_FOLDER}/ folder to resume from: it was saved "
+            "weights-only. Resume from a checkpoint saved with the optimizer state, or load only the "
+            "weights (for example trainer.validate(model, ckpt_path=...))."
+        )
+    _check_shards(folder / OPTIMIZER_FOLDER, "optimizer")
+
+
+def read_sharded_meta(folder: Path, weights_only: bool | None) -> dict[str, Any]:
+    """Load ``meta.pt`` with ``weights_only`` as Lightning passed it (None: torch's default)."""
+    meta = load_file(folder / META_FILE, weights_only=weights_only, map_location="cpu")
+    if not isinstance(meta, dict) or not meta.get(SHARDED_MARKER):
+        raise CheckpointError(
+            f"{folder / META_FILE} was not written by ColossalAIStrategy (it lacks the {SHARDED_MARKER!r} "
+            "entry), so the folder is no ColossalAI sharded checkpoint. Point ckpt_path at one saved with "
+            "state_dict_type='sharded', or at a full checkpoint file."
+        )
+    return meta
+
+
+def _check_shards(folder: Path, what: str) -> None:
+    """The folder's one ``*.index.json`` parses and every file it names is a whole ``torch.save`` file."""
+    indexes = sorted(folder.glob("*.index.json"))
+    if len(indexes) != 1:
+        found = ", ".join(index.name for index in indexes) or "none"
+        raise CheckpointError(
+            f"{folder} should hold one ColossalAI index file (*.index.json) listing the {what} shards; found "
+            f"{found}. The checkpoint is incomplete or two were mixed. {_RESUME_EARLIER}"
+        )
+    try:
+        index = json.loads(indexes[0].read_text())
+        files = set(index["weight_map"].values())
+        group_file = index.get("metadata", {}).get("param_groups")
+    except (ValueError, KeyError, AttributeError, TypeError) as error:
+        raise CheckpointError(
+            f"The index file {indexes[0]} is damaged ({error!r}): the {what} shards cannot be found. {_RESUME_EARLIER}"
+        ) from error
+    if group_file:
+        files.add(group_file)
+    for name in sorted(files):
+        check_file(folder / name)
