@@ -55,7 +55,7 @@ def test_generated_plugin_passes_its_own_tests_and_the_check(wheels, fresh_envir
     output = tests.stdout + tests.stderr
     assert tests.returncode == 0, output
     summary = output.strip().splitlines()[-1]
-    assert re.search(r"\b5 passed\b", summary) and not re.search(r"skipped|xfail|deselected", summary), output
+    assert re.search(r"\b6 passed\b", summary) and not re.search(r"skipped|xfail|deselected", summary), output
 
     check = env.command("check", NAME, "--accelerator", "cpu", "--devices", "2", check=False)
     assert check.returncode == 0, check.stdout + check.stderr

@@ -11,7 +11,13 @@ import sys
 
 def test_conformance_on_two_cpu_processes(strategy_conformance):
     report = strategy_conformance("{{name}}", accelerator="cpu", devices=2)
-    assert report.passed, report
+    assert report.passed, str(report)
+
+
+def test_saves_killed_midway_resumes_and_failed_ranks(strategy_conformance):
+    # The reliability tier: about a minute and a half of short runs, most of them killed.
+    report = strategy_conformance("{{name}}", accelerator="cpu", devices=2, tiers=("reliability",))
+    assert report.passed, str(report)
 
 
 def test_name_works_in_a_fresh_interpreter_without_importing_the_plugin():

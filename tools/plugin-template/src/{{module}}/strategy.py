@@ -11,11 +11,13 @@ from typing import Any
 # Import Lightning as lightning.pytorch, written out: lightning-strategies rewrites these
 # imports to build the pytorch_lightning flavour of this class for pytorch_lightning users.
 from lightning.pytorch.strategies import DDPStrategy
+from lightning_strategies.checkpoints import remove, staged_save
 from lightning_strategies.parameters import check_type
+from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 
-class {{class_name}}(DDPStrategy):
+class {{class_name}}(ReportFailuresMixin, DDPStrategy):
     """Distributed data parallel training, registered as ``"{{name}}"``.
 
     Args:
@@ -37,6 +39,22 @@ class {{class_name}}(DDPStrategy):
             )
         super().__init__(**kwargs)
         self.fp16_gradient_communication = fp16_gradient_communication
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        # When one rank fails, the others end at once and name it, instead of waiting in a
+        # collective until the process group times out (ReportFailuresMixin tells them).
+        watch_ranks(self.global_rank, self.world_size)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        # Written aside and published whole by rank 0: a kill mid-save keeps the previous checkpoint.
+        with staged_save(filepath, self.is_global_zero, self.barrier) as staged:
+            if self.is_global_zero:
+                self.checkpoint_io.save_checkpoint(checkpoint, staged, storage_options=storage_options)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self.is_global_zero:
+            remove(filepath)
 
     def configure_ddp(self) -> None:
         # Your logic: Lightning calls this in every process when fitting starts, once the
