@@ -9,8 +9,8 @@ checkpoint at every epoch end and prints, from rank 0, the events the driver in
     @save-end NAME epoch=E      ... and is complete
     @done                       training ended; predictions.rank<R>.pt are written
 
-With ``--fail-rank R`` rank R fails at its ``--fail-step``-th step, by raising or by SIGKILL,
-after writing the time to ``failed-at``.
+With ``--fail-rank R`` rank R fails in ``training_step`` at global step ``--fail-step``, by
+raising or by SIGKILL, after writing the time to ``failed-at``.
 """
 
 from __future__ import annotations
@@ -68,27 +68,25 @@ class Events(Callback):
         announce(trainer, f"resumed epoch={trainer.current_epoch}")
 
 
-class BallastedModel(ConformanceModel):
+class ScenarioModel(ConformanceModel):
     """The conformance model carrying 32 MB of state it never uses, so that a save lasts long enough
-    (tenths of a second) for kills to land inside it."""
+    (tenths of a second) for kills to land inside it; it can fail on purpose in ``training_step``."""
 
-    def __init__(self, optimizer: str) -> None:
+    def __init__(self, optimizer: str, failure: argparse.Namespace | None = None, workdir: Path | None = None) -> None:
         super().__init__(optimizer=optimizer)
         self.register_buffer("ballast", torch.zeros(8 * 1024 * 1024))
+        self.failure, self.workdir = failure, workdir
 
-
-class FailOnPurpose(Callback):
-    def __init__(self, rank: int, how: str, step: int, workdir: Path) -> None:
-        self.rank, self.how, self.step, self.workdir = rank, how, step, workdir
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_rank != self.rank or trainer.global_step != self.step:
-            return
-        (self.workdir / FAILED_AT).write_text(repr(time.time()))
-        if self.how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        # The message does not name the rank: the check looks for the other ranks' word on it.
-        raise RuntimeError("failing on purpose (conformance check of failed-rank exit)")
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        failure = self.failure
+        if failure and self.global_rank == failure.fail_rank and self.global_step == failure.fail_step:
+            assert self.workdir is not None
+            (self.workdir / FAILED_AT).write_text(repr(time.time()))
+            if failure.fail_how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            # The message does not name the rank: the check looks for the other ranks' word on it.
+            raise RuntimeError("failing on purpose (conformance check of failed-rank exit)")
+        return super().training_step(batch, batch_idx)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,14 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(arguments.workdir)
     entry = get_registry().entry(arguments.strategy) if arguments.strategy in get_registry() else None
     torch.manual_seed(0)
-    model = BallastedModel(optimizer=entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam")
+    optimizer = entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam"
+    model = ScenarioModel(optimizer, arguments if arguments.fail_rank is not None else None, workdir)
     seed_everything(0, verbose=False)
     callbacks: list[Callback] = [
         Events(),
         AnnouncedCheckpoint(dirpath=workdir / CHECKPOINTS, save_last=True, every_n_epochs=1),
     ]
-    if arguments.fail_rank is not None:
-        callbacks.append(FailOnPurpose(arguments.fail_rank, arguments.fail_how, arguments.fail_step, workdir))
     trainer = Trainer(
         strategy=arguments.strategy,
         accelerator=arguments.accelerator,
