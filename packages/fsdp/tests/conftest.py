@@ -18,9 +18,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tpu: needs a TPU")
 
 
-def run_group(group: str, out: Path, *extra: str, timeout: int = 400) -> Path:
+def run_group(group: str, out: Path, *extra: str, timeout: int = 400, env: dict[str, str] | None = None) -> Path:
     """Run one scenario group on CPU processes (Lightning launches the second one) and return its output folder."""
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
     completed = subprocess.run(
         [sys.executable, str(SCENARIOS), group, str(out), *extra],
         capture_output=True,

@@ -7,18 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from conftest import read, run_group
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from lightning_strategies_fsdp.checkpoint import (
-    CheckpointFormatError,
-    full_to_sharded,
-    is_sharded_checkpoint,
-    sharded_to_full,
-)
+from lightning_strategies_fsdp.checkpoint import full_to_sharded, is_sharded_checkpoint, sharded_to_full
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -32,7 +26,8 @@ def assert_close(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]
 
 
 def model_checkpoint_file(reference_run: Path) -> Path:
-    (path,) = (reference_run / "every_4").iterdir()
+    # Beside it: core's hidden staging folder, which saves write into before publishing.
+    (path,) = (path for path in (reference_run / "every_4").iterdir() if not path.name.startswith("."))
     return path
 
 
@@ -129,10 +124,3 @@ def test_conversion_command_line(reference_run: Path, tmp_path: Path) -> None:
     missing = subprocess.run([*command, str(tmp_path / "nothing"), str(tmp_path / "x")], capture_output=True, text=True)
     assert missing.returncode == 2
     assert "No checkpoint at" in missing.stderr
-
-
-def test_interrupted_sharded_checkpoint_is_refused_with_the_reason(tmp_path: Path) -> None:
-    (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / "__0_0.distcp").write_bytes(b"partial")
-    with pytest.raises(CheckpointFormatError, match="not a sharded checkpoint"):
-        sharded_to_full(tmp_path / "broken", tmp_path / "out.ckpt")

@@ -6,20 +6,26 @@ states, and rank 0 writes everything else (loop state, callbacks, hyperparameter
 ``meta.pt``. DCP records global tensor layouts, so a sharded checkpoint loads onto any number
 of processes. A full checkpoint is one file any plain PyTorch or Lightning program can read.
 Loading tells the two apart by what is on disk, whatever the strategy's ``state_dict_type``.
+
+Every write goes to a staging path that core's ``staged_save`` publishes under the checkpoint's
+name once complete, and every read is checked first (``validation``), so a crash mid-save never
+leaves a partial checkpoint under a name, and a damaged one is refused with what to do.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-import shutil
-import tempfile
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -29,34 +35,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-METADATA_FILE = "meta.pt"
-DCP_METADATA_FILE = ".metadata"
+from lightning_strategies.checkpoints import load_file, staged_save
+from lightning_strategies.errors import CheckpointError
+from lightning_strategies_fsdp.validation import (
+    METADATA_FILE,
+    check_checkpoint_path,
+    checked_sharded_metadata,
+    is_sharded_checkpoint,
+    load_sharded_state,
+    stored_keys,
+)
+
 # The Trainer's checkpoint keeps optimizer states in a list; DCP keys must be strings.
 TRAINER_OPTIMIZERS = "optimizer_states"
-
-
-class CheckpointFormatError(ValueError):
-    """A path that holds neither a sharded (DCP folder) nor a full (single file) checkpoint."""
-
-
-def is_sharded_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (path / DCP_METADATA_FILE).is_file()
-
-
-def is_full_checkpoint(path: Path) -> bool:
-    return path.is_file()
-
-
-def check_checkpoint_path(path: Path) -> None:
-    if is_sharded_checkpoint(path) or is_full_checkpoint(path):
-        return
-    if path.is_dir():
-        raise CheckpointFormatError(
-            f"{path} is a folder without DCP's {DCP_METADATA_FILE} file, so it is not a sharded checkpoint "
-            "(or its writing was interrupted). Point to a complete sharded checkpoint folder or a full "
-            "checkpoint file."
-        )
-    raise FileNotFoundError(f"No checkpoint at {path}: expected a sharded checkpoint folder or a full checkpoint file.")
 
 
 def model_state(model: nn.Module, full: bool) -> dict[str, Any]:
@@ -69,32 +60,35 @@ def optimizer_state(model: nn.Module, optimizer: Optimizer, full: bool) -> dict[
     return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=full, cpu_offload=full))
 
 
-def save_sharded(path: Path, tensors: dict[str, Any], metadata: dict[str, Any], rank: int) -> None:
-    """Write a sharded checkpoint folder; every process calls this."""
-    if path.is_file():
-        path.unlink()
+@contextmanager
+def staged_checkpoint(
+    path: Path, is_global_zero: bool = True, barrier: Callable[[], None] = lambda: None
+) -> Iterator[Path]:
+    """Core's ``staged_save``, refusing first to replace a folder that holds something other than a checkpoint."""
+    if path.is_dir() and not is_sharded_checkpoint(path) and any(path.iterdir()):
+        # Publishing swaps out whatever is at the path; a user's folder must not be lost to a mistyped name.
+        raise IsADirectoryError(
+            f"Cannot save a checkpoint to {path}: it is a folder that holds no checkpoint, and saving replaces what "
+            "is at the path. Choose another path, or remove the folder first."
+        )
+    with staged_save(path, is_global_zero, barrier) as staged:
+        yield staged
+
+
+def save_sharded(
+    path: Path, tensors: dict[str, Any], metadata: dict[str, Any], rank: int, no_dist: bool = False
+) -> None:
+    """Write a sharded checkpoint folder at the staging ``path``; every process calls this."""
     path.mkdir(parents=True, exist_ok=True)
-    dcp.save(tensors, checkpoint_id=path)
+    dcp.save(tensors, checkpoint_id=path, no_dist=no_dist)
     if rank == 0:
         torch.save(metadata, path / METADATA_FILE)
 
 
 def save_full(path: Path, checkpoint: dict[str, Any], rank: int) -> None:
-    """Write a full checkpoint file from rank 0, replacing a sharded folder of the same name."""
-    if rank != 0:
-        return
-    if is_sharded_checkpoint(path):
-        shutil.rmtree(path)
-    elif path.is_dir():
-        raise IsADirectoryError(f"Cannot write a full checkpoint to {path}: it is an existing folder.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(checkpoint, path)
-
-
-def stored_keys(path: Path) -> set[str]:
-    """Top-level keys of the tensors stored in a sharded checkpoint."""
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
-    return {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+    """Write a full checkpoint file at the staging ``path`` from rank 0."""
+    if rank == 0:
+        torch.save(checkpoint, path)
 
 
 def load_into(
@@ -105,7 +99,11 @@ def load_into(
     strict: bool = True,
     weights_only: bool | None = None,
 ) -> dict[str, Any]:
-    """Load ``model`` and ``optimizers`` (by key) from either kind of checkpoint; return the rest."""
+    """Load ``model`` and ``optimizers`` (by key) from either kind of checkpoint; return the rest.
+
+    ``weights_only`` is Lightning's: None leaves torch's default (True since torch 2.6), which
+    Lightning's own loop state, callbacks and plain hyperparameters pass.
+    """
     check_checkpoint_path(path)
     if is_sharded_checkpoint(path):
         return _load_sharded(path, model, model_key, optimizers, strict, weights_only)
@@ -120,24 +118,26 @@ def _load_sharded(
     strict: bool,
     weights_only: bool | None,
 ) -> dict[str, Any]:
-    available = stored_keys(path)
+    metadata = checked_sharded_metadata(path, weights_only)
+    available = stored_keys(metadata)
     if model_key not in available:
-        raise CheckpointFormatError(
-            f"The sharded checkpoint {path} has no model state under {model_key!r} (it has: {sorted(available)})."
+        raise CheckpointError(
+            f"The sharded checkpoint {path} has no model state under {model_key!r} (it has: {sorted(available)}). "
+            "Point to a checkpoint of this model, or (Fabric) load with the model under the key it was saved with."
         )
+    # meta.pt first: a refusal (weights_only) must come before the model is half loaded.
+    metadata_path = path / METADATA_FILE
+    rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
     state = {model_key: model_state(model, full=False)}
-    dcp.load(state, checkpoint_id=path, planner=dcp.DefaultLoadPlanner(allow_partial_load=not strict))
+    load_sharded_state(state, path, metadata, weights_only, allow_partial_load=not strict)
     set_model_state_dict(model, state[model_key], options=StateDictOptions(strict=strict))
     for key, optimizer in optimizers.items():
         if key not in available:
             continue  # saved without optimizer states (save_weights_only): keep the fresh optimizer
         optimizer_sd = {key: optimizer_state(model, optimizer, full=False)}
-        dcp.load(optimizer_sd, checkpoint_id=path)
+        load_sharded_state(optimizer_sd, path, metadata, weights_only)
         set_optimizer_state_dict(model, optimizer, optimizer_sd[key])
-    metadata_path = path / METADATA_FILE
-    if not metadata_path.is_file():
-        return {}
-    return torch.load(metadata_path, weights_only=bool(weights_only))
+    return rest
 
 
 def _load_full(
@@ -148,12 +148,11 @@ def _load_full(
     strict: bool,
     weights_only: bool | None,
 ) -> dict[str, Any]:
-    checkpoint = split_trainer_optimizers(
-        torch.load(path, mmap=True, map_location="cpu", weights_only=bool(weights_only))
-    )
+    checkpoint = split_trainer_optimizers(load_file(path, weights_only, mmap=True, map_location="cpu"))
     if model_key not in checkpoint:
-        raise CheckpointFormatError(
-            f"The checkpoint file {path} has no model state under {model_key!r} (it has: {sorted(checkpoint)})."
+        raise CheckpointError(
+            f"The checkpoint file {path} has no model state under {model_key!r} (it has: {sorted(checkpoint)}). "
+            "Point to a checkpoint of this model, or (Fabric) load with the model under the key it was saved with."
         )
     # Every process maps the same file; each copies out only its own shards.
     full = StateDictOptions(full_state_dict=True, strict=strict)
@@ -213,38 +212,79 @@ def _is_sharded_state(value: Any) -> bool:
     return all(isinstance(item, torch.Tensor) for item in value.values())
 
 
-def sharded_to_full(source: str | os.PathLike, destination: str | os.PathLike) -> Path:
+def sharded_to_full(
+    source: str | os.PathLike, destination: str | os.PathLike, weights_only: bool | None = None
+) -> Path:
     """Write the full checkpoint file equivalent to a sharded checkpoint folder (one process, no GPU)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     source, destination = Path(source), Path(destination)
+    check_checkpoint_path(source)
     if not is_sharded_checkpoint(source):
-        check_checkpoint_path(source)
-        raise CheckpointFormatError(f"{source} is a full checkpoint already; nothing to convert.")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=destination.parent) as scratch:
-        tensors_file = Path(scratch) / "tensors.pt"
-        dcp_to_torch_save(source, tensors_file)
-        checkpoint = torch.load(tensors_file, weights_only=False)
+        raise CheckpointError(f"{source} is a full checkpoint already; nothing to convert.")
+    metadata = checked_sharded_metadata(source, weights_only)
     metadata_path = source / METADATA_FILE
-    if metadata_path.is_file():
-        checkpoint.update(torch.load(metadata_path, weights_only=False))
+    rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
+    checkpoint = {**_whole_state(source, metadata, weights_only), **rest}
     if "state_dict" in checkpoint:  # a Trainer checkpoint: keep Lightning's layout
         checkpoint = join_trainer_optimizers(checkpoint)
-    torch.save(checkpoint, destination)
+    with staged_checkpoint(destination) as staged:
+        torch.save(checkpoint, staged)
     return destination
 
 
-def full_to_sharded(source: str | os.PathLike, destination: str | os.PathLike) -> Path:
+def full_to_sharded(
+    source: str | os.PathLike, destination: str | os.PathLike, weights_only: bool | None = None
+) -> Path:
     """Write a sharded checkpoint folder from a full checkpoint file (one process, no GPU)."""
     source, destination = Path(source), Path(destination)
     check_checkpoint_path(source)
     if is_sharded_checkpoint(source):
-        raise CheckpointFormatError(f"{source} is a sharded checkpoint already; nothing to convert.")
-    checkpoint = split_trainer_optimizers(torch.load(source, map_location="cpu", weights_only=False))
+        raise CheckpointError(f"{source} is a sharded checkpoint already; nothing to convert.")
+    checkpoint = split_trainer_optimizers(load_file(source, weights_only, map_location="cpu"))
     tensors = {key: value for key, value in checkpoint.items() if _is_sharded_state(value)}
     metadata = {key: value for key, value in checkpoint.items() if key not in tensors}
-    destination.mkdir(parents=True, exist_ok=True)
-    dcp.save(tensors, checkpoint_id=destination, no_dist=True)
-    torch.save(metadata, destination / METADATA_FILE)
+    with staged_checkpoint(destination) as staged, _in_one_process():
+        save_sharded(staged, tensors, metadata, rank=0, no_dist=True)
     return destination
+
+
+def _whole_state(folder: Path, metadata: Metadata, weights_only: bool | None) -> dict[str, Any]:
+    """Every tensor and value of a sharded checkpoint, unsharded, in the nesting it was saved with."""
+    state: dict[str, Any] = {}
+    for key, item in metadata.state_dict_metadata.items():
+        # Tensors are read into tensors of their global size; None holds the place of other values.
+        value = torch.empty(item.size, dtype=item.properties.dtype) if isinstance(item, TensorStorageMetadata) else None
+        where = (metadata.planner_data or {}).get(key, (key,))  # DCP flattened nested keys on save
+        _set_nested(state, where, value)
+    with _in_one_process():
+        load_sharded_state(state, folder, metadata, weights_only, no_dist=True)
+    return state
+
+
+@contextmanager
+def _in_one_process() -> Iterator[None]:
+    """DCP warns on every single-process save or load, even when asked for one (no_dist=True)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        yield
+
+
+def _set_nested(root: dict[str, Any], where: tuple[str | int, ...], value: Any) -> None:
+    """Put ``value`` at ``where``, a path of dict keys and list positions, creating containers on the way."""
+    container: Any = root
+    for step, following in itertools.pairwise(where):
+        if _get(container, step) is None:
+            _put(container, step, [] if isinstance(following, int) else {})
+        container = _get(container, step)
+    _put(container, where[-1], value)
+
+
+def _get(container: Any, step: str | int) -> Any:
+    if isinstance(container, list):
+        return container[step] if step < len(container) else None
+    return container.get(step)
+
+
+def _put(container: Any, step: str | int, value: Any) -> None:
+    if isinstance(container, list):
+        container.extend([None] * (step + 1 - len(container)))
+    container[step] = value

@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoints import recover
 from lightning_strategies.parameters import check_choice
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
@@ -175,11 +176,11 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
                 tensors[key] = checkpoints.optimizer_state(model, value, full)
             else:
                 metadata[key] = value.state_dict() if hasattr(value, "state_dict") else value
-        if full:
-            checkpoints.save_full(path, {**tensors, **metadata}, self.global_rank)
-        else:
-            checkpoints.save_sharded(path, tensors, metadata, self.global_rank)
-        self.barrier()
+        with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
+            if full:
+                checkpoints.save_full(staged, {**tensors, **metadata}, self.global_rank)
+            else:
+                checkpoints.save_sharded(staged, tensors, metadata, self.global_rank)
 
     def load_checkpoint(
         self,
@@ -196,6 +197,9 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
                 f"set-up model in it, got {state!r}."
             )
         path = Path(self.broadcast(str(path)))
+        if self.is_global_zero:
+            recover(path)  # a checkpoint set aside by a save killed between its two renames
+        self.barrier()
         model_key, model = _the_model(state)
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
         rest = checkpoints.load_into(path, model, model_key, optimizers, strict=strict, weights_only=weights_only)

@@ -32,6 +32,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoints import recover, remove
 from lightning_strategies.parameters import check_choice
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -249,19 +250,26 @@ class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, P
                 "torch.distributed.checkpoint, not by a CheckpointIO plugin."
             )
         path = Path(self.broadcast(str(filepath)))  # every process writes under rank 0's path
-        if self._full_state:
-            checkpoints.save_full(path, checkpoint, self.global_rank)
-        else:
-            tensors = {"state_dict": checkpoint.pop("state_dict")}
-            for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
-                tensors[f"optimizer_{index}"] = state
-            checkpoints.save_sharded(path, tensors, checkpoint, self.global_rank)
-        self.barrier()
+        with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
+            if self._full_state:
+                checkpoints.save_full(staged, checkpoint, self.global_rank)
+            else:
+                tensors = {"state_dict": checkpoint.pop("state_dict")}
+                for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
+                    tensors[f"optimizer_{index}"] = state
+                checkpoints.save_sharded(staged, tensors, checkpoint, self.global_rank)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self.is_global_zero:
+            remove(filepath)  # a kill half way through never leaves a partial checkpoint under the name
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         assert self.model is not None
         assert self.lightning_module is not None
         path = Path(self.broadcast(str(checkpoint_path)))
+        if self.is_global_zero:
+            recover(path)  # a checkpoint set aside by a save killed between its two renames
+        self.barrier()
         optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}
         loaded = checkpoints.load_into(
             path,

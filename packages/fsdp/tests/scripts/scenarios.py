@@ -9,9 +9,12 @@ script run. Each scenario writes a JSON result (rank 0) into OUT_DIR; the tests 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
+import shutil
+import unittest.mock
 import warnings
 from pathlib import Path
 from typing import Any
@@ -338,6 +341,107 @@ def group_resume(results: Results, args: argparse.Namespace) -> None:
     )
 
 
+class InjectedFailure(OSError):
+    """Stands for a full disk or a lost mount half way through a save."""
+
+
+@contextlib.contextmanager
+def dcp_index_write_fails() -> Any:
+    """DCP writes every shard, then fails on rank 0 writing its index (.metadata); it tells every rank."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    def finish(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise InjectedFailure("injected: no space left on device")
+
+    with unittest.mock.patch.object(FileSystemWriter, "finish", finish):
+        yield
+
+
+@contextlib.contextmanager
+def full_file_write_fails() -> Any:
+    """Rank 0 writes half of the full checkpoint file, then every rank fails."""
+    from lightning_strategies_fsdp import checkpoint as checkpoints
+
+    real_save_full = checkpoints.save_full
+
+    def save_full(path: Path, checkpoint: dict[str, Any], rank: int) -> None:
+        real_save_full(path, checkpoint, rank)
+        if rank == 0:
+            written = path.read_bytes()
+            path.write_bytes(written[: len(written) // 2])
+        raise InjectedFailure("injected: no space left on device")
+
+    with unittest.mock.patch.object(checkpoints, "save_full", save_full):
+        yield
+
+
+def group_reliability(results: Results, args: argparse.Namespace) -> None:
+    """A save failing half way keeps the previous checkpoint as "last"; bad checkpoints are refused on
+    every rank. Run with the failed-rank watchdog off: the refusals are caught here and the run goes on."""
+    from lightning_strategies.errors import CheckpointError
+
+    failures = {"sharded": dcp_index_write_fails, "full": full_file_write_fails}
+    for kind, failing_save in failures.items():
+        folder = results.out / kind
+        pl.seed_everything(7)
+        module = TinyTransformer()
+        first = trainer(strategy("fsdp", state_dict_type=kind), steps=2, limit_val_batches=0)
+        first.fit(module, one_batch_loader(), one_batch_loader())
+        first.save_checkpoint(folder / "last.ckpt")
+        saved = full_weights(module)
+
+        second = trainer(strategy("fsdp", state_dict_type=kind), steps=4, limit_val_batches=0)
+        second.fit(TinyTransformer(), one_batch_loader(), one_batch_loader(), ckpt_path=folder / "last.ckpt")
+        try:
+            with failing_save():
+                second.save_checkpoint(folder / "last.ckpt")
+            save_error = None
+        except BaseException as error:  # DCP's CheckpointException is a BaseException
+            save_error = type(error).__name__
+
+        at_start = WeightsAtStart()
+        finder = ModelCheckpoint(dirpath=folder, save_top_k=0)  # finds "last" as Lightning does
+        third = trainer(strategy("fsdp", state_dict_type=kind), steps=4, limit_val_batches=0,
+                        callbacks=[finder, at_start], enable_checkpointing=True)  # fmt: skip
+        third.fit(TinyTransformer(), one_batch_loader(), one_batch_loader(), ckpt_path="last")
+        staging = folder / ".lightning-strategies-staging"
+        results.write(
+            f"failed_save_{kind}",
+            {
+                "save_error": save_error,
+                "visible": sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")),
+                "staged_left": sorted(path.name for path in staging.iterdir()) if staging.is_dir() else [],
+                "resumed_from": Path(third.ckpt_path).name,
+                "resumed_weights_equal_saved": equal_weights(at_start.weights, saved),
+                "resumed_optimizer_steps": at_start.optimizer_steps,
+            },
+        )
+
+    # Bad checkpoints through trainer.fit on 2 processes: every rank raises the same error, none hangs.
+    damaged = results.out / "damaged.ckpt"
+    deepspeed = results.out / "deepspeed"
+    if torch.distributed.get_rank() == 0:
+        shutil.copytree(results.out / "sharded" / "last.ckpt", damaged)
+        shard = damaged / "__1_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:100])
+        (deepspeed / "checkpoint").mkdir(parents=True)
+        (deepspeed / "latest").write_text("checkpoint")
+        torch.save({"module": {}}, deepspeed / "checkpoint" / "mp_rank_00_model_states.pt")
+    torch.distributed.barrier()
+    refusals = {}
+    for label, path in {"truncated_shard": damaged, "deepspeed_folder": deepspeed}.items():
+        run = trainer("fsdp", steps=4, limit_val_batches=0)
+        try:
+            run.fit(TinyTransformer(), one_batch_loader(), one_batch_loader(), ckpt_path=path)
+            refusals[label] = None
+        except CheckpointError as error:
+            refusals[label] = str(error)
+        every_rank = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(every_rank, refusals[label] is not None)
+        refusals[f"{label}_on_every_rank"] = all(every_rank)
+    results.write("refusals", refusals)
+
+
 def group_fabric(results: Results, args: argparse.Namespace) -> None:
     from lightning.fabric import Fabric
 
@@ -357,6 +461,15 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
     path = results.out / "fabric.ckpt"
     fabric.save(path, {"model": model, "optimizer": optimizer, "step": 3})
     saved = full_weights(model)
+    # One more step, then a save that fails half way: the checkpoint of step 3 must stay.
+    fabric.backward(model(x).pow(2).mean())
+    optimizer.step()
+    try:
+        with dcp_index_write_fails():
+            fabric.save(path, {"model": model, "optimizer": optimizer, "step": 4})
+        save_error = None
+    except BaseException as error:  # DCP's CheckpointException is a BaseException
+        save_error = type(error).__name__
 
     fabric.seed_everything(99)
     restored = fabric.setup(Block())
@@ -372,6 +485,7 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
             "loaded_step": state["step"],
             "optimizer_state_loaded": len(restored_optimizer.state) > 0,
             "checkpoint_is_folder": path.is_dir(),
+            "failed_save_error": save_error,
         },
     )
 
@@ -383,6 +497,7 @@ GROUPS = {
     "reference": group_reference,
     "resume": group_resume,
     "fabric": group_fabric,
+    "reliability": group_reliability,
 }
 
 
