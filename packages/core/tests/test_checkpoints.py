@@ -126,3 +126,11 @@ def test_weights_only_refusal_says_how_to_allow_a_trusted_file(tmp_path: Path) -
     with pytest.raises(CheckpointError, match=r"weights_only=True refuses.*add_safe_globals"):
         load_file(path, weights_only=True)
     assert isinstance(load_file(path, weights_only=False)["object"], Custom)
+
+
+def test_a_remote_url_is_written_in_place(tmp_path: Path) -> None:
+    # Object stores publish an object whole when it is closed: there is nothing to stage.
+    with staged_save("s3://bucket/last.ckpt") as staged:
+        assert staged == "s3://bucket/last.ckpt"
+    with pytest.raises(ValueError, match="through its file system"):
+        remove("s3://bucket/last.ckpt")

@@ -39,12 +39,17 @@ def staging_path(path: str | os.PathLike[str]) -> Path:
 @contextmanager
 def staged_save(
     path: str | os.PathLike[str], is_global_zero: bool = True, barrier: Callable[[], None] = lambda: None
-) -> Iterator[Path]:
-    """Yield the path every rank writes to; publish it as ``path`` once all ranks are done.
+) -> Iterator[Any]:
+    """Yield the path every rank writes to (a ``Path``, or a remote URL as given); publish it as
+    ``path`` once all ranks are done.
 
     Every rank enters and leaves together (``barrier`` is the strategy's). If the body raises,
-    nothing is published and the previous checkpoint stays as it was.
+    nothing is published and the previous checkpoint stays as it was. A remote URL is yielded
+    as it is: object stores publish an object whole when it is closed, and have no rename.
     """
+    if not is_local(path):
+        yield path
+        return
     target = Path(path)
     staged = staging_path(target)
     if is_global_zero:
@@ -57,6 +62,11 @@ def staged_save(
     if is_global_zero:
         publish(staged, target)
     barrier()
+
+
+def is_local(path: str | os.PathLike[str]) -> bool:
+    """A path on this machine's file systems (not ``s3://``, ``gs://``, ``file://``...), where staging works."""
+    return "://" not in str(path)
 
 
 def publish(staged: Path, target: Path) -> None:
@@ -77,6 +87,8 @@ def publish(staged: Path, target: Path) -> None:
 
 def recover(path: str | os.PathLike[str]) -> None:
     """Put back a checkpoint left aside by a save killed between its two renames."""
+    if not is_local(path):
+        return
     target = Path(path)
     previous = _previous_path(target)
     if previous.exists() and not target.exists():
@@ -85,6 +97,8 @@ def recover(path: str | os.PathLike[str]) -> None:
 
 def remove(path: str | os.PathLike[str]) -> None:
     """Delete a checkpoint so that a kill half way never leaves a partial one under its name."""
+    if not is_local(path):
+        raise ValueError(f"remove() deletes local checkpoints; delete {path} through its file system (fsspec).")
     target = Path(path)
     if not target.exists():
         return
