@@ -3,26 +3,32 @@
 Subclasses of Lightning's Fabric strategies, so Fabric's connector pairs them with its XLA
 accelerator and precision, with ``torch_xla.device()`` for ``xm.xla_device()``,
 ``torch_xla.sync()`` for ``xm.mark_step()`` and dtype conversion for precision env variables.
+Checkpoints are staged and published in one rename, and checked before they are read.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision.xla import XLAPrecision as LightningFabricXLAPrecision
 from lightning.fabric.strategies.single_device import SingleDeviceStrategy
 from lightning.fabric.strategies.single_xla import SingleDeviceXLAStrategy as LightningSingleDeviceXLAStrategy
+from lightning.fabric.strategies.strategy import Strategy
 from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
 
+from lightning_strategies.checkpoints import staged_save
 from lightning_strategies.parameters import check_type
 from lightning_strategies.precision import is_stock_precision
+from lightning_strategies_xla.checkpoint_files import check_checkpoint_file, recover_before_load, staged_checkpoint
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
 from lightning_strategies_xla.strategy import DEBUG_LEVEL, DEBUG_VARIABLE
+from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint
 
 
 class XLAPrecision(DtypeConversionMixin, LightningFabricXLAPrecision):
@@ -65,7 +71,43 @@ class _CurrentXLAMixin:
             os.environ.pop(DEBUG_VARIABLE, None)
 
 
-class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
+class _OneFileCheckpointsMixin:
+    """Checkpoints of one file that rank 0 writes: staged and published in one rename, checked before reading."""
+
+    checkpoint_io: Any
+    is_global_zero: bool
+    barrier: Any
+
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: Any | None = None,
+    ) -> None:
+        import torch_xla
+
+        torch_xla.sync()  # every rank runs its pending graph before rank 0 writes
+        with staged_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
+            # Lightning's base write (rank 0, through XLACheckpointIO); its XLAStrategy.save_checkpoint
+            # would call the deprecated xm.mark_step first.
+            Strategy.save_checkpoint(self, target, state, storage_options=storage_options, filter=filter)  # type: ignore[arg-type]
+
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Any = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        recover_before_load(path, self.is_global_zero, self.barrier)
+        check_checkpoint_file(path, self.checkpoint_io, type(self).__name__)
+        # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
+        extra = {} if weights_only is None else {"weights_only": weights_only}
+        return super().load_checkpoint(path, state, strict=strict, **extra)  # type: ignore[misc]
+
+
+class XLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
     """Fabric's data parallel over every XLA device, one process per device (``debug``, ``sync_module_states``)."""
 
     def __init__(
@@ -104,20 +146,8 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
         self._start_debugging()
         super().setup_environment()
 
-    def save_checkpoint(
-        self,
-        path: _PATH,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: Any | None = None,
-    ) -> None:
-        import torch_xla
 
-        torch_xla.sync()  # every rank runs its pending graph before rank 0 writes
-        super(LightningXLAStrategy, self).save_checkpoint(path, state, storage_options=storage_options, filter=filter)
-
-
-class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
     """Fabric on one XLA device; ``device`` is an index (None: the first)."""
 
     def __init__(
@@ -179,3 +209,35 @@ class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
         loss = optimizer.step(**kwargs)
         torch_xla.sync()
         return loss
+
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: Any | None = None,
+    ) -> None:
+        """Every process writes its shard (or rank 0 the consolidated file) beside ``path``; the checkpoint
+        is renamed into place once all are done, so a crash mid-save leaves the previous one whole.
+
+        Saving over an existing checkpoint replaces it. (Lightning refuses a non-empty folder, where new
+        shards would mix with old ones; the new checkpoint is written apart and swapped in whole instead.)
+        """
+        target = Path(self.broadcast(path))
+        with staged_save(target, self.is_global_zero, self.barrier) as staged:
+            super().save_checkpoint(staged, state, storage_options=storage_options, filter=filter)
+
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Any = None,
+        strict: bool = True,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Check the shards (their world size against this run's) or the full file before Lightning reads them."""
+        target = Path(self.broadcast(path))
+        recover_before_load(target, self.is_global_zero, self.barrier)
+        check_xla_fsdp_checkpoint(target, self._state_dict_type, self.world_size)
+        # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
+        extra = {} if weights_only is None else {"weights_only": weights_only}
+        return super().load_checkpoint(target, state, strict=strict, **extra)

@@ -4,7 +4,8 @@ They subclass Lightning's XLA strategies, so Lightning's connector still pairs t
 accelerator and precision, and replace what torch_xla 2.9 deprecates or ignores:
 ``xm.xla_device()`` -> ``torch_xla.device()``, ``xm.mark_step()`` -> ``torch_xla.sync()``,
 ``PT_XLA_DEBUG`` -> ``PT_XLA_DEBUG_LEVEL``, and precision through env variables -> dtype conversion.
-Checkpoints go through Lightning's ``XLACheckpointIO`` (tensors moved to CPU, written by rank 0).
+Checkpoints go through Lightning's ``XLACheckpointIO`` (tensors moved to CPU, written by rank 0),
+staged and published in one rename, and are checked before they are read.
 """
 
 from __future__ import annotations
@@ -18,10 +19,18 @@ from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import (
     SingleDeviceXLAStrategy as LightningSingleDeviceXLAStrategy,
 )
+from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
 from lightning_strategies.parameters import check_type
 from lightning_strategies.precision import OwnPrecisionMixin
+from lightning_strategies_xla.checkpoint_files import (
+    check_checkpoint_file,
+    check_trainer_checkpoint,
+    recover_before_load,
+    remove_checkpoint_path,
+    staged_checkpoint,
+)
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import forget_stock_environment
 from lightning_strategies_xla.precision import XLAPrecision
@@ -32,7 +41,7 @@ DEBUG_LEVEL = "2"  # the most detailed analysis: why each graph compiled and exe
 
 
 class _CurrentXLAMixin(OwnPrecisionMixin):
-    """What both strategies change in Lightning's: the precision plugin and the debug switch."""
+    """What both strategies change in Lightning's: the precision plugin, the debug switch and checkpoints."""
 
     debug: bool
 
@@ -54,6 +63,36 @@ class _CurrentXLAMixin(OwnPrecisionMixin):
         super().teardown()  # type: ignore[misc]
         if self.debug:
             os.environ.pop(DEBUG_VARIABLE, None)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        """Rank 0 writes the checkpoint beside ``filepath``; it is renamed into place once every rank is
+        done, so a crash mid-save leaves the previous checkpoint under the name (core's ``staged_save``)."""
+        import torch_xla
+
+        # Every rank runs its pending graph first: the weights are current and no rank waits in a
+        # collective the others skipped.
+        torch_xla.sync()
+        with staged_checkpoint(filepath, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
+            # Lightning's base write (rank 0, through XLACheckpointIO); its XLAStrategy.save_checkpoint
+            # would call the deprecated xm.mark_step first.
+            Strategy.save_checkpoint(self, checkpoint, target, storage_options=storage_options)  # type: ignore[arg-type]
+
+    def remove_checkpoint(self, filepath: _PATH) -> None:
+        # Rank 0 alone writes checkpoints, so it alone removes them. Lightning's XLAStrategy removes on
+        # every host's local rank 0, which races on a file system the hosts share.
+        if self.is_global_zero:
+            remove_checkpoint_path(filepath, self.checkpoint_io)
+
+    def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        """Check the file before Lightning reads it: a folder (another strategy's, named with its
+        conversion), or a missing, empty or truncated file, ends in a CheckpointError."""
+        recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
+        check_checkpoint_file(checkpoint_path, self.checkpoint_io, type(self).__name__)
+        # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
+        extra = {} if weights_only is None else {"weights_only": weights_only}
+        checkpoint = super().load_checkpoint(checkpoint_path, **extra)  # type: ignore[misc]
+        check_trainer_checkpoint(checkpoint, checkpoint_path)
+        return checkpoint
 
 
 class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
@@ -98,15 +137,6 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
 
         return torch_xla.device()
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
-        import torch_xla
-
-        # Every rank runs its pending graph first, so no rank waits in a collective the others skipped.
-        torch_xla.sync()
-        # Skips XLAStrategy.save_checkpoint (which calls the deprecated xm.mark_step) for the
-        # rank-0 write below it.
-        super(LightningXLAStrategy, self).save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-
 
 class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
     """One XLA device in the Trainer's own process (a TPU core, or PJRT's CPU device).
@@ -149,12 +179,6 @@ class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy
 
             self._xla_device = torch_xla.device(self._device_index)
         return self._xla_device
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
-        import torch_xla
-
-        torch_xla.sync()  # materialise the last step's weights before they are copied to CPU
-        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
 
 class XLAFSDPStrategy:

@@ -1,0 +1,148 @@
+"""Checkpoints written through Lightning's CheckpointIO: staged so a crash never leaves half a file under
+the name, checked before they are read, and other strategies' checkpoint folders named with the fix.
+
+Nothing here is specific to XLA: the same module is in lightning-strategies-colossalai-gemini, and both belong
+in core's ``lightning_strategies.checkpoints``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from fsspec.utils import get_protocol
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.plugins.io.xla import XLACheckpointIO
+
+from lightning_strategies.checkpoints import check_file, recover, remove, staged_save
+from lightning_strategies.errors import CheckpointError
+
+
+def is_local(path: Any) -> bool:
+    """A path on this machine's file system, where a checkpoint can be staged and renamed into place.
+
+    A remote URL (``gs://``, ``s3://``, ``file://``) is left to the CheckpointIO's file system: object
+    stores publish an object whole when it is closed, and have no rename to publish with.
+    """
+    return get_protocol(str(path)) == "file" and "://" not in str(path)
+
+
+def writes_in_background(checkpoint_io: Any) -> bool:
+    """Whether ``save_checkpoint`` returns before the file is written, so nothing can publish it after.
+
+    Lightning's AsyncCheckpointIO does (its writes finish in a thread). Matched by name because it
+    is defined in ``lightning.pytorch`` and again in ``pytorch_lightning``; Fabric has none.
+    """
+    return any(cls.__name__ == "AsyncCheckpointIO" for cls in type(checkpoint_io).__mro__)
+
+
+@contextlib.contextmanager
+def staged_checkpoint(
+    path: Any, checkpoint_io: Any, is_global_zero: bool, barrier: Callable[[], None]
+) -> Iterator[Any]:
+    """Yield where every rank writes the checkpoint ``path``; it appears under ``path`` once all are done.
+
+    The yielded path is core's staging path (published by ``staged_save`` with one rename), or
+    ``path`` itself where no rename can publish it: a remote URL, or a CheckpointIO writing in the
+    background. Every rank enters and leaves together.
+    """
+    if not is_local(path) or writes_in_background(checkpoint_io):
+        yield path
+        return
+    with staged_save(path, is_global_zero, barrier) as staged:
+        yield staged
+
+
+def recover_before_load(path: Any, is_global_zero: bool, barrier: Callable[[], None]) -> None:
+    """Put back a checkpoint a killed save left aside; rank 0 alone renames, the others wait for it."""
+    if not is_local(path):
+        return
+    if is_global_zero:
+        recover(path)
+    barrier()
+
+
+def remove_checkpoint_path(path: Any, checkpoint_io: Any) -> None:
+    """Delete a file or folder checkpoint so that no kill leaves part of it under its name."""
+    if is_local(path):
+        remove(path)
+    else:
+        checkpoint_io.remove_checkpoint(path)
+
+
+def reads_torch_save_files(checkpoint_io: Any) -> bool:
+    """Whether the CheckpointIO reads what one ``torch.save`` wrote: Lightning's own do, also behind
+    AsyncCheckpointIO; a plugin of another kind (another format, remote storage) checks its own files."""
+    if writes_in_background(checkpoint_io):
+        checkpoint_io = checkpoint_io.checkpoint_io
+    return type(checkpoint_io) in (TorchCheckpointIO, XLACheckpointIO)
+
+
+def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
+    """Refuse what cannot be a one-file checkpoint before the CheckpointIO reads it: a folder (saying
+    which strategy wrote it and how to convert it), or a missing, empty or truncated file."""
+    if not is_local(path) or not reads_torch_save_files(checkpoint_io):
+        return
+    path = Path(path)
+    if path.is_dir():
+        kind = folder_kind(path)
+        if kind is None:
+            raise CheckpointError(
+                f"{strategy} loads a checkpoint from one file, but {path} is a folder of no checkpoint format "
+                "this project knows. Point ckpt_path at the checkpoint file (for example a '*.ckpt' inside it)."
+            )
+        _, what, fix = kind
+        raise CheckpointError(f"{strategy} loads a checkpoint from one file, but {path} is {what}. {fix}")
+    check_file(path)
+
+
+def check_trainer_checkpoint(checkpoint: Any, path: Any) -> None:
+    """Refuse a file that ``torch.load`` reads but that is no Lightning checkpoint (a bare state dict, a
+    DeepSpeed model-states file): Lightning would fail later with ``KeyError: 'state_dict'``."""
+    if isinstance(checkpoint, dict) and "state_dict" in checkpoint:
+        return
+    keys = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
+    raise CheckpointError(
+        f"{path} is not a Lightning checkpoint: it has no 'state_dict' entry (it holds {keys}). A plain model "
+        "state dict loads with model.load_state_dict(torch.load(path)) before calling the Trainer without "
+        "ckpt_path; a file from inside a DeepSpeed checkpoint folder is converted, folder and all, with "
+        "`python -m lightning_strategies_deepspeed.convert FOLDER converted.ckpt`."
+    )
+
+
+def folder_kind(folder: Path) -> tuple[str, str, str] | None:
+    """Which strategy wrote the checkpoint ``folder`` (a short name), what it is and how to turn it into
+    something loadable; None for a folder of no format this project knows."""
+    if (folder / "latest").is_file() and any(folder.glob("*/mp_rank_00_model_states.pt")):
+        return (
+            "deepspeed",
+            "a DeepSpeed checkpoint folder",
+            "Convert it into one Lightning checkpoint file with "
+            f"`python -m lightning_strategies_deepspeed.convert {folder} converted.ckpt` "
+            "(lightning-strategies-deepspeed), then load converted.ckpt.",
+        )
+    if (folder / ".metadata").is_file():
+        return (
+            "fsdp",
+            "an FSDP2 sharded checkpoint folder (torch.distributed.checkpoint)",
+            "Convert it into one Lightning checkpoint file with "
+            f"`python -m lightning_strategies_fsdp.convert {folder} converted.ckpt` "
+            "(lightning-strategies-fsdp), then load converted.ckpt.",
+        )
+    if (folder / "meta.pt").is_file() and (folder / "model").is_dir():
+        return (
+            "colossalai",
+            "a ColossalAI sharded checkpoint folder",
+            "Load it with strategy='colossalai' (which reads it on any number of GPUs) and save it again with "
+            "ColossalAIStrategy(state_dict_type='full') for one file.",
+        )
+    if any(folder.glob("checkpoint_rank-*-of-*.pth")):
+        return (
+            "xla_fsdp",
+            "an XLA FSDP sharded checkpoint folder (Fabric's xla_fsdp)",
+            "Consolidate it into one file with `python -m torch_xla.distributed.fsdp.consolidate_sharded_ckpts "
+            f"--ckpt_prefix {folder}/checkpoint --ckpt_suffix '_rank-*-of-*.pth' --save_path consolidated.ckpt`.",
+        )
+    return None
