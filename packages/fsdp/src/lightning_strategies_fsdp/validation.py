@@ -25,9 +25,10 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from lightning_strategies.checkpoint_formats import COLOSSALAI, DEEPSPEED, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints import check_file
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies_fsdp.foreign import describe_foreign
+from lightning_strategies_fsdp.options import STRATEGY
 
 METADATA_FILE = "meta.pt"
 DCP_METADATA_FILE = ".metadata"
@@ -58,9 +59,8 @@ _PATH_TYPES = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
 
 def check_checkpoint_path(path: Path) -> None:
     """Refuse a path holding neither a sharded (DCP folder) nor a full (single file) checkpoint of this package."""
-    foreign = describe_foreign(path)
-    if foreign is not None:
-        raise CheckpointError(foreign)
+    if identify(path) in (DEEPSPEED, COLOSSALAI):
+        raise foreign_checkpoint_error(path, STRATEGY, "a sharded checkpoint folder (DCP) or a full checkpoint file")
     if not path.exists():
         raise CheckpointError(
             f"No checkpoint at {path}: expected a sharded checkpoint folder or a full checkpoint file. Check the path."
