@@ -65,6 +65,12 @@ def test_a_failed_save_publishes_nothing(tmp_path: Path) -> None:
     assert load_file(target, weights_only=True)["weights"].item() == 1
 
 
+def test_a_published_save_leaves_no_staging_folder_behind(tmp_path: Path) -> None:
+    with staged_save(tmp_path / "model.ckpt") as staged:
+        torch.save({"weights": torch.ones(1)}, staged)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.ckpt"]
+
+
 @pytest.mark.parametrize(("before", "after"), [("folder", "file"), ("file", "folder"), ("folder", "folder")])
 def test_publish_replaces_any_kind_with_any_kind(before: str, after: str, tmp_path: Path) -> None:
     target = tmp_path / "model.ckpt"

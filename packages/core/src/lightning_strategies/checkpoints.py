@@ -12,6 +12,7 @@ problem and the fix, before a backend's loader fails somewhere deep inside.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -61,6 +62,7 @@ def staged_save(
     barrier()
     if is_global_zero:
         publish(staged, target)
+        _remove_if_empty(staged.parent)
     barrier()
 
 
@@ -188,6 +190,12 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def _remove_if_empty(folder: Path) -> None:
+    # Not left behind in the user's checkpoint folder; a folder still holding something stays.
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _sync_tree(path: Path) -> None:
