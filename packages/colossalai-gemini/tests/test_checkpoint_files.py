@@ -146,6 +146,17 @@ def test_remove_deletes_files_and_folders_whole(tmp_path, lightning_checkpoint):
     assert visible(tmp_path) == []
 
 
+def test_remote_full_checkpoint_goes_through_the_checkpoint_io_unstaged(lightning_checkpoint):
+    import fsspec
+
+    colossalai = strategy()
+    url = "memory://checkpoints/run.ckpt"  # fsspec's in-memory file system stands in for s3:// or gs://
+    colossalai.save_checkpoint(lightning_checkpoint, url)
+    assert colossalai.load_checkpoint(url)["global_step"] == lightning_checkpoint["global_step"]
+    colossalai.remove_checkpoint(url)
+    assert not fsspec.filesystem("memory").exists(url)
+
+
 # ------------------------------------------------------------------------------ other strategies
 
 

@@ -20,7 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_strategies.checkpoints import staged_save
+from lightning_strategies.checkpoints import is_local, staged_save
 from lightning_strategies.errors import CapabilityError, CheckpointError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
@@ -29,7 +29,6 @@ from lightning_strategies_colossalai.checkpoint_files import (
     check_checkpoint_file,
     check_trainer_checkpoint,
     folder_kind,
-    is_local,
     recover_before_load,
     remove_checkpoint_path,
     staged_checkpoint,
