@@ -12,21 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fsspec.utils import get_protocol
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.plugins.io.xla import XLACheckpointIO
 
-from lightning_strategies.checkpoints import check_file, recover, remove, staged_save
+from lightning_strategies.checkpoints import check_file, is_local, recover, remove, staged_save
 from lightning_strategies.errors import CheckpointError
-
-
-def is_local(path: Any) -> bool:
-    """A path on this machine's file system, where a checkpoint can be staged and renamed into place.
-
-    A remote URL (``gs://``, ``s3://``, ``file://``) is left to the CheckpointIO's file system: object
-    stores publish an object whole when it is closed, and have no rename to publish with.
-    """
-    return get_protocol(str(path)) == "file" and "://" not in str(path)
 
 
 def writes_in_background(checkpoint_io: Any) -> bool:
@@ -45,10 +35,11 @@ def staged_checkpoint(
     """Yield where every rank writes the checkpoint ``path``; it appears under ``path`` once all are done.
 
     The yielded path is core's staging path (published by ``staged_save`` with one rename), or
-    ``path`` itself where no rename can publish it: a remote URL, or a CheckpointIO writing in the
-    background. Every rank enters and leaves together.
+    ``path`` itself where no rename can publish it: a remote URL (core passes it through: object
+    stores publish an object whole when it is closed), or a CheckpointIO writing in the background.
+    Every rank enters and leaves together.
     """
-    if not is_local(path) or writes_in_background(checkpoint_io):
+    if writes_in_background(checkpoint_io):
         yield path
         return
     with staged_save(path, is_global_zero, barrier) as staged:
