@@ -226,3 +226,12 @@ def test_conversion_refuses_a_damaged_checkpoint(
     assert convert_main([str(folder), str(tmp_path / "out.ckpt")]) == 2
     assert "__0_0.distcp is truncated" in capsys.readouterr().err
     assert not (tmp_path / "out.ckpt").exists()
+
+
+def test_the_conformance_reliability_tier_passes_on_two_processes(tmp_path: Path) -> None:
+    # Real SIGKILLs inside and between saves, resumes compared with an uninterrupted run, and a
+    # rank that raises or is killed in training_step (core's conformance kit, ~90 s on 2 cores).
+    from lightning_strategies.conformance import run_check
+
+    report = run_check("fsdp", accelerator="cpu", devices=2, workdir=tmp_path, tiers=("reliability",))
+    assert report.passed, str(report)
