@@ -98,7 +98,7 @@ def test_full_save_failing_half_way_keeps_the_previous_checkpoint(tmp_path, ligh
     monkeypatch.undo()
     colossalai.save_checkpoint(other(lightning_checkpoint), path)  # the next save replaces it whole
     assert colossalai.load_checkpoint(path, weights_only=True)["global_step"] == lightning_checkpoint["global_step"] + 1
-    assert list((tmp_path / STAGING_FOLDER).iterdir()) == []
+    assert not (tmp_path / STAGING_FOLDER).exists()  # nothing left beside the checkpoints
 
 
 def test_a_checkpoint_left_aside_by_a_killed_save_is_put_back_on_load(tmp_path, lightning_checkpoint):
@@ -175,17 +175,11 @@ def fsdp2_folder(path: Path) -> None:
     torch.save({"epoch": 0}, path / "meta.pt")
 
 
-def xla_fsdp_folder(path: Path) -> None:
-    path.mkdir()
-    torch.save({"model": {}}, path / "checkpoint_rank-00000000-of-00000002.pth")
-
-
 @pytest.mark.parametrize(
     ("write", "message"),
     [
-        (deepspeed_folder, r"DeepSpeed checkpoint folder.*python -m lightning_strategies_deepspeed.convert"),
-        (fsdp2_folder, r"FSDP2 sharded checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
-        (xla_fsdp_folder, r"XLA FSDP sharded checkpoint folder.*consolidate_sharded_ckpts"),
+        (deepspeed_folder, r"is a DeepSpeed checkpoint folder.*python -m lightning_strategies_deepspeed.convert"),
+        (fsdp2_folder, r"torch.distributed.checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
         (Path.mkdir, r"not a ColossalAIStrategy sharded checkpoint.*state_dict_type='sharded'"),
     ],
 )
@@ -194,6 +188,12 @@ def test_another_strategys_folder_is_named_with_its_conversion(tmp_path, write, 
     write(path)
     with pytest.raises(CheckpointError, match=message):
         strategy().load_checkpoint(path)
+
+
+def test_a_file_from_inside_a_deepspeed_folder_is_named(tmp_path):
+    deepspeed_folder(tmp_path / "deepspeed.ckpt")
+    with pytest.raises(CheckpointError, match=r"DeepSpeed checkpoint.*ColossalAIStrategy reads one checkpoint file"):
+        strategy().load_checkpoint(tmp_path / "deepspeed.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
 
 
 # ------------------------------------------------------------------------------ sharded folders

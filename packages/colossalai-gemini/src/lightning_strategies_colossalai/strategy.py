@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_strategies.checkpoint_formats import COLOSSALAI, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints import is_local, staged_save
 from lightning_strategies.errors import CapabilityError, CheckpointError
 from lightning_strategies.precision import OwnPrecisionMixin
@@ -28,7 +29,6 @@ from lightning_strategies_colossalai.backend import load_colossalai
 from lightning_strategies_colossalai.checkpoint_files import (
     check_checkpoint_file,
     check_trainer_checkpoint,
-    folder_kind,
     recover_before_load,
     remove_checkpoint_path,
     staged_checkpoint,
@@ -60,6 +60,7 @@ from lightning_strategies_colossalai.sharded_checkpoint import (
 
 ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
 _LOSS_SCALER_KEY = "colossalai_loss_scaler"
+_READS = "its sharded checkpoint folders (meta.pt + model/) and full checkpoint files"
 
 # Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
 # loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
@@ -534,10 +535,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         Another strategy's folder, or a folder of no known format, is refused with what it is and how to
         convert it; an incomplete or damaged one with what is missing.
         """
-        kind = folder_kind(path)
-        if kind is not None and kind[0] != "colossalai":
-            _, what, fix = kind
-            raise CheckpointError(f"{path} is {what}, not a ColossalAI checkpoint. {fix}")
+        found = identify(path)
+        if found not in (None, COLOSSALAI):
+            raise foreign_checkpoint_error(path, "ColossalAIStrategy", here=_READS)
         if not is_sharded_folder(path):
             raise CheckpointError(
                 f"{path} is a folder but not a ColossalAIStrategy sharded checkpoint (it needs {META_FILE} and "
