@@ -87,7 +87,7 @@ def test_trainer_checkpoint_loads_with_weights_only_and_removals_leave_nothing_b
     trainer.fit(BoringModel())
     # Epoch 0's checkpoint was removed when epoch 1's was published.
     assert visible(tmp_path / "checkpoints") == ["epoch=1-step=8.ckpt"]
-    assert list((tmp_path / "checkpoints" / STAGING_FOLDER).iterdir()) == []
+    assert list((tmp_path / "checkpoints" / STAGING_FOLDER).glob("*")) == []  # nothing half-written or aside
 
     restored = BoringModel()
     small_trainer(tmp_path).validate(restored, ckpt_path=checkpoints.best_model_path, weights_only=True)
@@ -147,10 +147,11 @@ def colossalai_folder(path: Path) -> None:
 @pytest.mark.parametrize(
     ("write", "message"),
     [
-        (deepspeed_folder, r"DeepSpeed checkpoint folder.*python -m lightning_strategies_deepspeed.convert"),
-        (fsdp2_folder, r"FSDP2 sharded checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
+        (deepspeed_folder, r"is a DeepSpeed checkpoint folder.*python -m lightning_strategies_deepspeed.convert"),
+        (fsdp2_folder, r"torch.distributed.checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
         (colossalai_folder, r"ColossalAI sharded checkpoint folder.*state_dict_type='full'"),
-        (Path.mkdir, r"loads a checkpoint from one file.*folder of no checkpoint format"),
+        (lambda path: shard_folder(path, world_size=2), r"sharded XLA FSDP checkpoint.*consolidate_sharded_ckpts"),
+        (Path.mkdir, r"no checkpoint layout this project knows"),
     ],
 )
 def test_another_strategys_folder_is_named_with_its_conversion(tmp_path, write, message):
@@ -212,7 +213,7 @@ def test_xla_fsdp_strategy_checks_before_lightning_reads_the_shards(tmp_path):
         ("shard truncated", "sharded", r"checkpoint_rank-00000002-of-00000004.pth is truncated"),
         ("full file", "sharded", r"is one file.*state_dict_type='full'"),
         ("shards", "full", r"is a sharded XLA FSDP checkpoint.*consolidate_sharded_ckpts"),
-        ("deepspeed", "sharded", r"DeepSpeed checkpoint folder, not an XLA FSDP checkpoint"),
+        ("deepspeed", "sharded", r"DeepSpeed checkpoint folder.*XLAFSDPStrategy reads folders of checkpoint_rank"),
         ("missing", "sharded", r"No checkpoint at"),
         ("missing", "full", r"No checkpoint file at"),
     ],

@@ -1,5 +1,6 @@
 """Checkpoints written through Lightning's CheckpointIO: staged so a crash never leaves half a file under
-the name, checked before they are read, and other strategies' checkpoint folders named with the fix.
+the name, and checked before they are read (other strategies' checkpoints named by core's
+``checkpoint_formats``, with the fix).
 
 Nothing here is specific to XLA: the same module is in lightning-strategies-colossalai-gemini, and both belong
 in core's ``lightning_strategies.checkpoints``.
@@ -15,8 +16,11 @@ from typing import Any
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.plugins.io.xla import XLACheckpointIO
 
+from lightning_strategies.checkpoint_formats import FILE, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints import check_file, is_local, recover, remove, staged_save
 from lightning_strategies.errors import CheckpointError
+
+ONE_FILE = "one checkpoint file (what trainer.save_checkpoint, ModelCheckpoint or fabric.save write)"
 
 
 def writes_in_background(checkpoint_io: Any) -> bool:
@@ -72,68 +76,24 @@ def reads_torch_save_files(checkpoint_io: Any) -> bool:
 
 
 def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
-    """Refuse what cannot be a one-file checkpoint before the CheckpointIO reads it: a folder (saying
-    which strategy wrote it and how to convert it), or a missing, empty or truncated file."""
+    """Refuse what cannot be a one-file checkpoint before the CheckpointIO reads it: another strategy's
+    checkpoint (named by core's ``identify``, with how to convert it), or a missing, empty or truncated file."""
     if not is_local(path) or not reads_torch_save_files(checkpoint_io):
         return
     path = Path(path)
-    if path.is_dir():
-        kind = folder_kind(path)
-        if kind is None:
-            raise CheckpointError(
-                f"{strategy} loads a checkpoint from one file, but {path} is a folder of no checkpoint format "
-                "this project knows. Point ckpt_path at the checkpoint file (for example a '*.ckpt' inside it)."
-            )
-        _, what, fix = kind
-        raise CheckpointError(f"{strategy} loads a checkpoint from one file, but {path} is {what}. {fix}")
-    check_file(path)
+    if not path.is_dir():
+        check_file(path)
+    if identify(path) is not FILE:
+        raise foreign_checkpoint_error(path, strategy, here=ONE_FILE)
 
 
 def check_trainer_checkpoint(checkpoint: Any, path: Any) -> None:
-    """Refuse a file that ``torch.load`` reads but that is no Lightning checkpoint (a bare state dict, a
-    DeepSpeed model-states file): Lightning would fail later with ``KeyError: 'state_dict'``."""
+    """Refuse a file that ``torch.load`` reads but that is no Lightning checkpoint (a bare state dict):
+    Lightning would fail later with ``KeyError: 'state_dict'``."""
     if isinstance(checkpoint, dict) and "state_dict" in checkpoint:
         return
     keys = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, dict) else type(checkpoint).__name__
     raise CheckpointError(
         f"{path} is not a Lightning checkpoint: it has no 'state_dict' entry (it holds {keys}). A plain model "
-        "state dict loads with model.load_state_dict(torch.load(path)) before calling the Trainer without "
-        "ckpt_path; a file from inside a DeepSpeed checkpoint folder is converted, folder and all, with "
-        "`python -m lightning_strategies_deepspeed.convert FOLDER converted.ckpt`."
+        "state dict loads with model.load_state_dict(torch.load(path)), then call the Trainer without ckpt_path."
     )
-
-
-def folder_kind(folder: Path) -> tuple[str, str, str] | None:
-    """Which strategy wrote the checkpoint ``folder`` (a short name), what it is and how to turn it into
-    something loadable; None for a folder of no format this project knows."""
-    if (folder / "latest").is_file() and any(folder.glob("*/mp_rank_00_model_states.pt")):
-        return (
-            "deepspeed",
-            "a DeepSpeed checkpoint folder",
-            "Convert it into one Lightning checkpoint file with "
-            f"`python -m lightning_strategies_deepspeed.convert {folder} converted.ckpt` "
-            "(lightning-strategies-deepspeed), then load converted.ckpt.",
-        )
-    if (folder / ".metadata").is_file():
-        return (
-            "fsdp",
-            "an FSDP2 sharded checkpoint folder (torch.distributed.checkpoint)",
-            "Convert it into one Lightning checkpoint file with "
-            f"`python -m lightning_strategies_fsdp.convert {folder} converted.ckpt` "
-            "(lightning-strategies-fsdp), then load converted.ckpt.",
-        )
-    if (folder / "meta.pt").is_file() and (folder / "model").is_dir():
-        return (
-            "colossalai",
-            "a ColossalAI sharded checkpoint folder",
-            "Load it with strategy='colossalai' (which reads it on any number of GPUs) and save it again with "
-            "ColossalAIStrategy(state_dict_type='full') for one file.",
-        )
-    if any(folder.glob("checkpoint_rank-*-of-*.pth")):
-        return (
-            "xla_fsdp",
-            "an XLA FSDP sharded checkpoint folder (Fabric's xla_fsdp)",
-            "Consolidate it into one file with `python -m torch_xla.distributed.fsdp.consolidate_sharded_ckpts "
-            f"--ckpt_prefix {folder}/checkpoint --ckpt_suffix '_rank-*-of-*.pth' --save_path consolidated.ckpt`.",
-        )
-    return None

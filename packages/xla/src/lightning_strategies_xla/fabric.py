@@ -28,7 +28,7 @@ from lightning_strategies_xla.checkpoint_files import check_checkpoint_file, rec
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
 from lightning_strategies_xla.strategy import DEBUG_LEVEL, DEBUG_VARIABLE
-from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint
+from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint, refuse_xla_fsdp_shards
 
 
 class XLAPrecision(DtypeConversionMixin, LightningFabricXLAPrecision):
@@ -101,6 +101,7 @@ class _OneFileCheckpointsMixin:
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
         recover_before_load(path, self.is_global_zero, self.barrier)
+        refuse_xla_fsdp_shards(path, type(self).__name__)
         check_checkpoint_file(path, self.checkpoint_io, type(self).__name__)
         # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
         extra = {} if weights_only is None else {"weights_only": weights_only}

@@ -34,6 +34,7 @@ from lightning_strategies_xla.checkpoint_files import (
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import forget_stock_environment
 from lightning_strategies_xla.precision import XLAPrecision
+from lightning_strategies_xla.xla_fsdp_checkpoint import refuse_xla_fsdp_shards
 
 # torch_xla 2.9 reads PT_XLA_DEBUG_LEVEL; the older PT_XLA_DEBUG is only looked at on import.
 DEBUG_VARIABLE = "PT_XLA_DEBUG_LEVEL"
@@ -87,6 +88,7 @@ class _CurrentXLAMixin(OwnPrecisionMixin):
         """Check the file before Lightning reads it: a folder (another strategy's, named with its
         conversion), or a missing, empty or truncated file, ends in a CheckpointError."""
         recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
+        refuse_xla_fsdp_shards(checkpoint_path, type(self).__name__)
         check_checkpoint_file(checkpoint_path, self.checkpoint_io, type(self).__name__)
         # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
         extra = {} if weights_only is None else {"weights_only": weights_only}

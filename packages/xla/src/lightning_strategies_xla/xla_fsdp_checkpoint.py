@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
-from lightning_strategies.checkpoints import check_file
+from lightning_strategies.checkpoint_formats import foreign_checkpoint_error
+from lightning_strategies.checkpoints import check_file, is_local
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies_xla.checkpoint_files import folder_kind
 
 _SHARD = re.compile(r"checkpoint_rank-(\d+)-of-(\d+)\.pth")
+_READS = "folders of checkpoint_rank-*-of-*.pth shards (state_dict_type='sharded') or one consolidated file ('full')"
 
 
 def consolidate_command(folder: Path) -> str:
@@ -33,7 +35,7 @@ def check_xla_fsdp_checkpoint(path: Path, state_dict_type: str, world_size: int)
 
 
 def _check_full(path: Path) -> None:
-    if path.is_dir() and any(_SHARD.fullmatch(item.name) for item in path.iterdir()):
+    if path.is_dir() and _has_shards(path):
         raise CheckpointError(
             f"{path} is a sharded XLA FSDP checkpoint (one file per process), but this strategy has "
             "state_dict_type='full'. Load it with XLAFSDPStrategy(state_dict_type='sharded') on as many "
@@ -80,12 +82,20 @@ def _check_sharded(path: Path, world_size: int) -> None:
         check_file(item)
 
 
+def refuse_xla_fsdp_shards(path: Any, strategy: str) -> None:
+    """For strategies that load one file: name a sharded XLA FSDP folder and how to load it."""
+    if not is_local(path) or not Path(path).is_dir() or not _has_shards(Path(path)):
+        return
+    raise CheckpointError(
+        f"{path} is a sharded XLA FSDP checkpoint (one file per process, from Fabric's xla_fsdp), and {strategy} "
+        "reads one checkpoint file. Load it with Fabric(strategy='xla_fsdp') on as many processes as saved it, "
+        f"or consolidate its model weights into one file with {consolidate_command(Path(path))}."
+    )
+
+
+def _has_shards(folder: Path) -> bool:
+    return any(_SHARD.fullmatch(item.name) for item in folder.iterdir())
+
+
 def _refuse_folder(path: Path) -> None:
-    kind = folder_kind(path)
-    if kind is None:
-        raise CheckpointError(
-            f"{path} is a folder but no XLA FSDP checkpoint (it has no checkpoint_rank-*-of-*.pth shards). "
-            "Point the path at a checkpoint saved by Fabric with strategy='xla_fsdp'."
-        )
-    _, what, fix = kind
-    raise CheckpointError(f"{path} is {what}, not an XLA FSDP checkpoint. {fix}")
+    raise foreign_checkpoint_error(path, "XLAFSDPStrategy", here=_READS)
