@@ -13,9 +13,9 @@ from typing import Any
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DISTRIBUTIONS = [
-    "torch", "lightning", "pytorch-lightning", "deepspeed", "colossalai",
+    "torch", "lightning", "pytorch-lightning", "deepspeed", "colossalai", "torch_xla",
     "lightning-strategies", "lightning-strategies-fsdp", "lightning-strategies-deepspeed",
-    "lightning-strategies-colossalai-gemini",
+    "lightning-strategies-colossalai-gemini", "lightning-strategies-xla",
 ]  # fmt: skip
 
 # Run in a child process so this one never creates a CUDA context (it would hold GPU memory that

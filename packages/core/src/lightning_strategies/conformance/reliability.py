@@ -181,6 +181,7 @@ def check_kills_and_resume(options: RunOptions, workdir: Path) -> list[dict[str,
         "passed": not problems,
         "detail": "; ".join(problems)
         or f"{len(kills)} kills ({inside_saves} inside a save), each resumed from the newest complete checkpoint",
+        "measured": {"kills": len(kills), "inside_a_save": inside_saves, "resumes": len(kills)},
     }
     return [safe, _compare_predictions(options, interrupted, uninterrupted, len(kills))]
 
@@ -201,6 +202,7 @@ def _compare_predictions(options: RunOptions, interrupted: Path, uninterrupted: 
         "passed": worst <= options.tolerance,
         "detail": f"killed {kills} times and resumed vs never interrupted: max relative difference {worst:.3g} "
         f"(tolerance {options.tolerance:g})",
+        "measured": {"max_relative_difference": worst, "tolerance": options.tolerance},
     }
 
 
@@ -224,7 +226,8 @@ def check_failed_rank(options: RunOptions, workdir: Path, how: str) -> dict[str,
         detail = f"ranks were still running {seconds:.0f} s after rank {failing} failed and were killed"
     elif not named:
         detail += f", but no output names rank {failing}"
-    return {"check": check, "passed": passed, "detail": detail}
+    measured = {"seconds_to_exit": round(seconds, 2), "exit_code": code, "failed_rank_named": named}
+    return {"check": check, "passed": passed, "detail": detail, "measured": measured}
 
 
 def _failed_rank_bound() -> float:
