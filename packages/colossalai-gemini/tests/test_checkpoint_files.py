@@ -178,7 +178,7 @@ def fsdp2_folder(path: Path) -> None:
 @pytest.mark.parametrize(
     ("write", "message"),
     [
-        (deepspeed_folder, r"is a DeepSpeed checkpoint folder.*python -m lightning_strategies_deepspeed.convert"),
+        (deepspeed_folder, r"is a DeepSpeed checkpoint \(a folder.*python -m lightning_strategies_deepspeed.convert"),
         (fsdp2_folder, r"torch.distributed.checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
         (Path.mkdir, r"not a ColossalAIStrategy sharded checkpoint.*state_dict_type='sharded'"),
     ],

@@ -12,6 +12,7 @@ from lightning_strategies.checkpoint_formats import (
     DCP,
     DEEPSPEED,
     FILE,
+    XLA_FSDP,
     foreign_checkpoint_error,
     identify,
 )
@@ -34,9 +35,11 @@ def layouts(tmp_path: Path) -> dict[str, Path]:
     colossalai = tmp_path / "colossalai.ckpt"
     touch(colossalai / "meta.pt")
     touch(colossalai / "model" / "pytorch_model.bin.index.json")
+    xla_fsdp = tmp_path / "xla.ckpt"
+    touch(xla_fsdp / "checkpoint_rank-00000000-of-00000002.pth")
     single = tmp_path / "full.ckpt"
     torch.save({"state_dict": {}}, single)
-    return {"deepspeed": deepspeed, "dcp": dcp, "colossalai": colossalai, "file": single}
+    return {"deepspeed": deepspeed, "dcp": dcp, "colossalai": colossalai, "xla_fsdp": xla_fsdp, "file": single}
 
 
 def test_every_layout_is_identified(layouts: dict[str, Path]) -> None:
@@ -45,6 +48,7 @@ def test_every_layout_is_identified(layouts: dict[str, Path]) -> None:
     assert identify(next((layouts["deepspeed"] / "checkpoint").iterdir())) is DEEPSPEED
     assert identify(layouts["dcp"]) is DCP
     assert identify(layouts["colossalai"]) is COLOSSALAI
+    assert identify(layouts["xla_fsdp"]) is XLA_FSDP
     assert identify(layouts["file"]) is FILE
 
 
@@ -57,7 +61,7 @@ def test_unknown_paths_are_not_guessed(tmp_path: Path) -> None:
 def test_the_error_names_the_format_its_reader_and_the_conversion(layouts: dict[str, Path]) -> None:
     error = foreign_checkpoint_error(layouts["deepspeed"], "FSDP2Strategy", "a DCP folder or one full file")
     message = str(error)
-    assert "is a DeepSpeed checkpoint folder" in message
+    assert "is a DeepSpeed checkpoint (a folder" in message
     assert "FSDP2Strategy reads a DCP folder or one full file" in message
     assert f"python -m lightning_strategies_deepspeed.convert {layouts['deepspeed']} full.ckpt" in message
 

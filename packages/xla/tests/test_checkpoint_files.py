@@ -147,7 +147,7 @@ def colossalai_folder(path: Path) -> None:
 @pytest.mark.parametrize(
     ("write", "message"),
     [
-        (deepspeed_folder, r"is a DeepSpeed checkpoint folder.*python -m lightning_strategies_deepspeed.convert"),
+        (deepspeed_folder, r"is a DeepSpeed checkpoint \(a folder.*python -m lightning_strategies_deepspeed.convert"),
         (fsdp2_folder, r"torch.distributed.checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
         (colossalai_folder, r"ColossalAI sharded checkpoint folder.*state_dict_type='full'"),
         (lambda path: shard_folder(path, world_size=2), r"sharded XLA FSDP checkpoint.*consolidate_sharded_ckpts"),
@@ -213,7 +213,7 @@ def test_xla_fsdp_strategy_checks_before_lightning_reads_the_shards(tmp_path):
         ("shard truncated", "sharded", r"checkpoint_rank-00000002-of-00000004.pth is truncated"),
         ("full file", "sharded", r"is one file.*state_dict_type='full'"),
         ("shards", "full", r"is a sharded XLA FSDP checkpoint.*consolidate_sharded_ckpts"),
-        ("deepspeed", "sharded", r"DeepSpeed checkpoint folder.*XLAFSDPStrategy reads folders of checkpoint_rank"),
+        ("deepspeed", "sharded", r"DeepSpeed checkpoint \(a folder.*XLAFSDPStrategy reads folders of checkpoint_rank"),
         ("missing", "sharded", r"No checkpoint at"),
         ("missing", "full", r"No checkpoint file at"),
     ],

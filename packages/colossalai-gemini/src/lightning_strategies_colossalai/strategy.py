@@ -21,18 +21,17 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_strategies.checkpoint_formats import COLOSSALAI, foreign_checkpoint_error, identify
-from lightning_strategies.checkpoints import is_local, staged_save
+from lightning_strategies.checkpoint_io import (
+    check_checkpoint_file,
+    check_trainer_checkpoint,
+    remove_checkpoint_path,
+    staged_checkpoint,
+)
+from lightning_strategies.checkpoints import is_local, recover_before_load, staged_save
 from lightning_strategies.errors import CapabilityError, CheckpointError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai.backend import load_colossalai
-from lightning_strategies_colossalai.checkpoint_files import (
-    check_checkpoint_file,
-    check_trainer_checkpoint,
-    recover_before_load,
-    remove_checkpoint_path,
-    staged_checkpoint,
-)
 from lightning_strategies_colossalai.checkpoint_state import (
     fp32_chunk_transfers,
     load_loss_scaler_state,

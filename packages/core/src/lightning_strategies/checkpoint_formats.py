@@ -26,6 +26,8 @@ _DEEPSPEED_TAG_FILES = ("latest", "latest_universal")
 _DCP_METADATA = ".metadata"
 # ColossalAI sharded (lightning-strategies-colossalai-gemini): meta.pt beside model/ in its index format.
 _COLOSSALAI_META, _COLOSSALAI_MODEL = "meta.pt", "model"
+# XLA FSDP sharded (Fabric's xla_fsdp): one checkpoint_rank-<rank>-of-<world size>.pth per process.
+_XLA_FSDP_SHARDS = "checkpoint_rank-*-of-*.pth"
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,8 @@ class CheckpointFormat:
 
 DEEPSPEED = CheckpointFormat(
     "deepspeed",
-    "a DeepSpeed checkpoint folder (a tag folder of per-rank *mp_rank_00_model_states.pt files)",
+    "a DeepSpeed checkpoint (a folder with a tag folder of per-rank *mp_rank_00_model_states.pt files, "
+    "or one of those files)",
     'the deepspeed strategies (strategy="deepspeed_stage_2", ..., from lightning-strategies-deepspeed)',
     "`python -m lightning_strategies_deepspeed.convert {path} full.ckpt` writes one file of full fp32 weights",
 )
@@ -55,6 +58,13 @@ COLOSSALAI = CheckpointFormat(
     "a ColossalAI sharded checkpoint folder (meta.pt beside a model/ folder)",
     'the colossalai strategies (strategy="colossalai", from lightning-strategies-colossalai-gemini)',
     "load it with a colossalai strategy and save it again with state_dict_type='full': one file of full weights",
+)
+XLA_FSDP = CheckpointFormat(
+    "xla_fsdp",
+    "a sharded XLA FSDP checkpoint folder (one checkpoint_rank-<rank>-of-<world size>.pth per process)",
+    'Fabric\'s xla_fsdp strategy (from lightning-strategies-xla), on as many processes as saved it',
+    "`python -m torch_xla.distributed.fsdp.consolidate_sharded_ckpts --ckpt_prefix {path}/checkpoint "
+    "--ckpt_suffix '_rank-*-of-*.pth' --save_path full.ckpt` writes one file of full weights",
 )
 FILE = CheckpointFormat(
     "file",
@@ -78,6 +88,8 @@ def identify(path: str | Path) -> CheckpointFormat | None:
         return DCP
     if (path / _COLOSSALAI_META).is_file() and (path / _COLOSSALAI_MODEL).is_dir():
         return COLOSSALAI
+    if any(path.glob(_XLA_FSDP_SHARDS)):
+        return XLA_FSDP
     if any(path.glob(_DEEPSPEED_MODEL_STATES)):
         return DEEPSPEED  # the tag folder itself
     has_tag_file = any((path / name).is_file() for name in _DEEPSPEED_TAG_FILES)

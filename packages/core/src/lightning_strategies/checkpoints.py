@@ -97,6 +97,16 @@ def recover(path: str | os.PathLike[str]) -> None:
         os.replace(previous, target)
 
 
+def recover_before_load(
+    path: str | os.PathLike[str], is_global_zero: bool = True, barrier: Callable[[], None] = lambda: None
+) -> None:
+    """``recover`` for a strategy's load: rank 0 alone renames (ranks racing would collide), the
+    others wait for it."""
+    if is_global_zero:
+        recover(path)
+    barrier()
+
+
 def remove(path: str | os.PathLike[str]) -> None:
     """Delete a checkpoint so that a kill half way never leaves a partial one under its name."""
     if not is_local(path):
@@ -109,6 +119,7 @@ def remove(path: str | os.PathLike[str]) -> None:
     _remove_tree(trash)
     os.replace(target, trash)
     _remove_tree(trash)
+    _remove_if_empty(trash.parent)
 
 
 def load_file(path: str | os.PathLike[str], weights_only: bool | None = None, **options: Any) -> Any:

@@ -1,9 +1,10 @@
 """Checkpoints written through Lightning's CheckpointIO: staged so a crash never leaves half a file under
-the name, and checked before they are read (other strategies' checkpoints named by core's
+the name, and checked before they are read (other strategies' checkpoints named by
 ``checkpoint_formats``, with the fix).
 
-Nothing here is specific to XLA: the same module is in lightning-strategies-colossalai-gemini, and both belong
-in core's ``lightning_strategies.checkpoints``.
+For strategies that keep Lightning's one-file checkpoints (colossalai with state_dict_type="full",
+xla). CheckpointIO classes are matched by name: Lightning defines each in ``lightning`` and again
+in ``pytorch_lightning`` / ``lightning_fabric``, and this module imports neither.
 """
 
 from __future__ import annotations
@@ -13,21 +14,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.plugins.io.xla import XLACheckpointIO
-
 from lightning_strategies.checkpoint_formats import FILE, foreign_checkpoint_error, identify
-from lightning_strategies.checkpoints import check_file, is_local, recover, remove, staged_save
+from lightning_strategies.checkpoints import check_file, is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
 
 ONE_FILE = "one checkpoint file (what trainer.save_checkpoint, ModelCheckpoint or fabric.save write)"
 
 
+_TORCH_SAVE_CHECKPOINT_IOS = ("TorchCheckpointIO", "XLACheckpointIO")
+
+
 def writes_in_background(checkpoint_io: Any) -> bool:
     """Whether ``save_checkpoint`` returns before the file is written, so nothing can publish it after.
 
-    Lightning's AsyncCheckpointIO does (its writes finish in a thread). Matched by name because it
-    is defined in ``lightning.pytorch`` and again in ``pytorch_lightning``; Fabric has none.
+    Lightning's AsyncCheckpointIO does (its writes finish in a thread); Fabric has none.
     """
     return any(cls.__name__ == "AsyncCheckpointIO" for cls in type(checkpoint_io).__mro__)
 
@@ -50,15 +50,6 @@ def staged_checkpoint(
         yield staged
 
 
-def recover_before_load(path: Any, is_global_zero: bool, barrier: Callable[[], None]) -> None:
-    """Put back a checkpoint a killed save left aside; rank 0 alone renames, the others wait for it."""
-    if not is_local(path):
-        return
-    if is_global_zero:
-        recover(path)
-    barrier()
-
-
 def remove_checkpoint_path(path: Any, checkpoint_io: Any) -> None:
     """Delete a file or folder checkpoint so that no kill leaves part of it under its name."""
     if is_local(path):
@@ -72,7 +63,7 @@ def reads_torch_save_files(checkpoint_io: Any) -> bool:
     AsyncCheckpointIO; a plugin of another kind (another format, remote storage) checks its own files."""
     if writes_in_background(checkpoint_io):
         checkpoint_io = checkpoint_io.checkpoint_io
-    return type(checkpoint_io) in (TorchCheckpointIO, XLACheckpointIO)
+    return type(checkpoint_io).__name__ in _TORCH_SAVE_CHECKPOINT_IOS
 
 
 def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
