@@ -62,7 +62,7 @@ COLOSSALAI = CheckpointFormat(
 XLA_FSDP = CheckpointFormat(
     "xla_fsdp",
     "a sharded XLA FSDP checkpoint folder (one checkpoint_rank-<rank>-of-<world size>.pth per process)",
-    'Fabric\'s xla_fsdp strategy (from lightning-strategies-xla), on as many processes as saved it',
+    "Fabric's xla_fsdp strategy (from lightning-strategies-xla), on as many processes as saved it",
     "`python -m torch_xla.distributed.fsdp.consolidate_sharded_ckpts --ckpt_prefix {path}/checkpoint "
     "--ckpt_suffix '_rank-*-of-*.pth' --save_path full.ckpt` writes one file of full weights",
 )
