@@ -40,6 +40,15 @@ def test_conformance_suite_single_xla(tmp_path):
     assert all(result.passed for result in results), report
 
 
+def test_reliability_tier_single_xla(tmp_path):
+    """Saves killed by SIGKILL inside and between saves, and resumes equal to an uninterrupted run
+    (core's reliability tier: short runs in fresh processes on the PJRT CPU device, about 75 s)."""
+    from lightning_strategies.conformance import run_check
+
+    report = run_check("single_xla", accelerator="tpu", devices=1, workdir=tmp_path, tiers=("reliability",))
+    assert report.passed, str(report)
+
+
 def test_bf16_true_trains_in_bfloat16_without_xla_use_bf16(tmp_path, monkeypatch):
     monkeypatch.delenv("XLA_USE_BF16", raising=False)
     model = BoringModel()
