@@ -29,14 +29,18 @@ PAGE = REPOSITORY / "docs" / "reliability.md"
 MARKER = "<!-- reliability-figures -->"
 
 
-def run(names: list[str], accelerator: str, devices: int, results: Path) -> int:
-    from lightning_strategies.conformance import run_check
+def run(names: list[str], accelerator: str, devices: int, kills: int, results: Path) -> int:
+    from lightning_strategies.conformance import CheckReport
+    from lightning_strategies.conformance.reliability import RunOptions, run_reliability_tier
+    from lightning_strategies.conformance.tolerances import tolerance_for
 
     failures = 0
     for name in names:
-        print(f"reliability tier: {name} ({devices} x {accelerator}) ...", flush=True)
+        print(f"reliability tier: {name} ({devices} x {accelerator}, {kills} kills) ...", flush=True)
+        options = RunOptions(name, accelerator, devices, "32-true", 900, tolerance_for("32-true"), kills=kills)
+        report = CheckReport(name, accelerator, devices, options.precision)
         with tempfile.TemporaryDirectory() as workdir:
-            report = run_check(name, accelerator=accelerator, devices=devices, workdir=workdir, tiers=("reliability",))
+            report.results = run_reliability_tier(options, Path(workdir))
         print(report, flush=True)
         failures += not report.passed
         record = {
@@ -109,12 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     measure.add_argument("names", nargs="+")
     measure.add_argument("--accelerator", default="cpu")
     measure.add_argument("--devices", type=int, default=2)
+    measure.add_argument("--kills", type=int, default=20, help="training runs killed per strategy")
     measure.add_argument("--results", type=Path, default=RESULTS)
     page = commands.add_parser("report", help="rewrite the figures in docs/reliability.md")
     page.add_argument("--results", type=Path, default=RESULTS)
     arguments = parser.parse_args(argv)
     if arguments.command == "run":
-        return run(arguments.names, arguments.accelerator, arguments.devices, arguments.results)
+        return run(arguments.names, arguments.accelerator, arguments.devices, arguments.kills, arguments.results)
     report(arguments.results, PAGE)
     return 0
 

@@ -31,8 +31,7 @@ from typing import Any
 CHECKPOINTS = "checkpoints"  # the scenario run's ModelCheckpoint folder
 FAILED_AT = "failed-at"  # where the failing rank writes the time it failed
 # Where each successive kill lands: at a random point of a last.ckpt save, or of the epoch after one.
-_KILL_PLAN = ("inside-save", "mid-epoch", "inside-save", "inside-save", "mid-epoch")
-MAX_EPOCHS = 2 * len(_KILL_PLAN) + 2  # each killed run gets at most two epochs further
+_KILL_PATTERN = ("inside-save", "mid-epoch", "inside-save", "inside-save", "mid-epoch")
 # Resuming reads last.ckpt only: its saves are the ones whose interruption matters.
 _LAST_BEGIN, _LAST_END = "save-begin last.ckpt", "save-end last.ckpt"
 _NO_EVENT = 30.0  # seconds beyond the caller's timeout share after which a silent run has hung
@@ -47,6 +46,15 @@ class RunOptions:
     timeout: float
     tolerance: float
     seed: int = 0
+    kills: int = len(_KILL_PATTERN)
+
+    @property
+    def kill_plan(self) -> list[str]:
+        return [_KILL_PATTERN[index % len(_KILL_PATTERN)] for index in range(self.kills)]
+
+    @property
+    def max_epochs(self) -> int:
+        return 2 * self.kills + 2  # each killed run gets at most two epochs further
 
 
 @dataclass
@@ -115,7 +123,7 @@ def _command(options: RunOptions, workdir: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "lightning_strategies.conformance.scenarios",
         "--strategy", options.strategy, "--accelerator", options.accelerator,
         "--devices", str(options.devices), "--precision", options.precision,
-        "--workdir", str(workdir), "--max-epochs", str(MAX_EPOCHS), *extra,
+        "--workdir", str(workdir), "--max-epochs", str(options.max_epochs), *extra,
     ]  # fmt: skip
 
 
@@ -133,7 +141,7 @@ def check_kills_and_resume(options: RunOptions, workdir: Path) -> list[dict[str,
     newest_complete, being_written = -1, -1
     resume = False
     try:
-        for plan in _KILL_PLAN:
+        for plan in options.kill_plan:
             run = _Run(_command(options, interrupted, *(["--resume"] if resume else [])))
             _, event = run.wait_for("resumed", options.timeout)
             start = _epoch(event)
