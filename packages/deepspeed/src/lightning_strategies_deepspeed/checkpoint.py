@@ -1,4 +1,4 @@
-"""DeepSpeed checkpoint directories: finding them, converting them, loading full weights into ZeRO-3.
+"""DeepSpeed checkpoint directories: writing, finding, reading and converting them, loading full weights into ZeRO-3.
 
 A checkpoint the strategies save is a directory ``<path>/`` holding a ``latest`` file and one
 tag folder (``checkpoint/``) with one shard per rank; Lightning's own state (epoch, loops,
@@ -11,9 +11,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from lightning_strategies.checkpoints import check_file, load_file, staged_save
+from lightning_strategies.errors import CheckpointError
+from lightning_strategies_deepspeed import compatibility, other_formats
 
 TAG = "checkpoint"
 UNIVERSAL_SUFFIX = "_universal"
@@ -34,18 +42,33 @@ def _is_tag_folder(path: Path) -> bool:
     return any(path.joinpath(name).is_file() for name in _RANK_0_MODEL_STATES)
 
 
+def _is_deepspeed_directory(path: Path) -> bool:
+    try:
+        locate(path)
+    except CheckpointError:
+        return False
+    return True
+
+
 def _rank_0_model_states(tag_folder: Path) -> Path:
     for name in _RANK_0_MODEL_STATES:
         if tag_folder.joinpath(name).is_file():
             return tag_folder / name
-    raise FileNotFoundError(f"{str(tag_folder)!r} holds no model-states file of rank 0; the checkpoint is incomplete.")
+    raise CheckpointError(
+        f"{tag_folder} holds no model-states file of rank 0 ({_MODEL_STATES}): the checkpoint is incomplete. Copy it "
+        "again from where it was written, or use an earlier checkpoint."
+    )
 
 
 @dataclass(frozen=True)
 class CheckpointLocation:
     directory: Path
-    tag: str | None
+    tag: str
     universal: bool
+
+    @property
+    def tag_folder(self) -> Path:
+        return self.directory / self.tag
 
 
 def universal_info() -> dict[str, Any]:
@@ -54,50 +77,183 @@ def universal_info() -> dict[str, Any]:
 
 
 def locate(path: str | os.PathLike) -> CheckpointLocation:
-    """The checkpoint directory and tag behind ``path``, or an error saying what was expected."""
+    """The checkpoint directory and tag behind ``path``, or a CheckpointError saying what ``path`` is instead."""
     path = Path(path)
     if path.is_file() and _is_tag_folder(path.parent):
         path = path.parent  # a file inside a tag folder
     if _is_tag_folder(path):
         return CheckpointLocation(path.parent, path.name, path.joinpath("zero").is_dir())
-    if path.joinpath("latest_universal").is_file():
-        return CheckpointLocation(path, None, True)
-    if path.joinpath("latest").is_file():
-        return CheckpointLocation(path, None, False)
+    for latest_name, universal in (("latest_universal", True), ("latest", False)):
+        if path.joinpath(latest_name).is_file():
+            tag = path.joinpath(latest_name).read_text().strip()
+            if not tag or not _is_tag_folder(path / tag):
+                raise CheckpointError(
+                    f"The DeepSpeed checkpoint {path} is incomplete: its '{latest_name}' file names the tag {tag!r}, "
+                    f"but there is no folder {path / tag} holding {_MODEL_STATES}. Copy it again from where it was "
+                    "written, or resume from an earlier checkpoint."
+                )
+            return CheckpointLocation(path, tag, universal)
     tags = sorted(child.name for child in path.iterdir() if _is_tag_folder(child)) if path.is_dir() else []
     if len(tags) == 1:
         return CheckpointLocation(path, tags[0], path.joinpath(tags[0], "zero").is_dir())
-    if path.is_file():
-        raise FileNotFoundError(
-            f"{str(path)!r} is a single file, not a DeepSpeed checkpoint directory. To start from full weights, use "
-            "DeepSpeedStrategy(load_full_weights=True)."
+    if len(tags) > 1:
+        raise CheckpointError(
+            f"{path} holds several DeepSpeed checkpoints ({', '.join(tags)}) and no 'latest' file naming one. "
+            f"Pass the one to load, e.g. {path / tags[-1]}."
         )
-    raise FileNotFoundError(
-        f"{str(path)!r} is not a DeepSpeed checkpoint directory (expected a 'latest' file or a tag folder holding "
+    if not path.exists():
+        raise CheckpointError(
+            f"No checkpoint at {path}. Check the path: a DeepSpeed checkpoint is the directory given to "
+            "trainer.save_checkpoint or written by ModelCheckpoint (a 'latest' file and a 'checkpoint' folder)."
+        )
+    raise CheckpointError(
+        other_formats.describe(path)
+        or f"{path} is not a DeepSpeed checkpoint directory (expected a 'latest' file and a tag folder holding "
         f"{_MODEL_STATES}). Pass the directory the strategy saved."
     )
 
 
+def inspect(
+    path: str | os.PathLike, weights_only: bool | None = None
+) -> tuple[CheckpointLocation, compatibility.SavedLayout]:
+    """Where the checkpoint behind ``path`` is and how it was split, once its files are known to be whole."""
+    location = locate(path)
+    compatibility.check_saved_files(location.tag_folder)
+    # Memory-mapped: only the pickled structure is read here, the tensors stay on disk.
+    rank_0_state = read_saved_file(_rank_0_model_states(location.tag_folder), weights_only, mmap=True)
+    layout = compatibility.SavedLayout.of(location.tag_folder, rank_0_state)
+    if not location.universal:
+        compatibility.check_complete(location.directory, location.tag, layout)
+    return location, layout
+
+
+def load_into_engine(
+    engine: Any,
+    location: CheckpointLocation,
+    layout: compatibility.SavedLayout,
+    world_size: int,
+    load_optimizer_states: bool,
+    weights_only: bool | None,
+    strict: bool,
+) -> dict[str, Any]:
+    """Have the engine load the checkpoint (on every rank); return the client state saved with it."""
+    if location.universal:
+        engine._config.load_universal_checkpoint = True  # read by engine.load_checkpoint
+    else:  # a universal checkpoint loads on any number of processes
+        engine_layout = compatibility.EngineLayout.of(engine, world_size)
+        compatibility.check_fits(location.directory, layout, engine_layout, load_optimizer_states)
+    with checked_reads(engine, weights_only):
+        _, client_state = engine.load_checkpoint(
+            str(location.directory),
+            tag=location.tag,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
+            load_module_strict=strict,
+        )
+    if client_state is None:
+        raise CheckpointError(
+            f"DeepSpeed found nothing to load in {location.tag_folder}. Pass the directory the strategy saved, or "
+            "a single weights file with load_full_weights=True."
+        )
+    return client_state
+
+
+def save(engine: Any, path: Path, client_state: dict[str, Any], exclude_frozen_parameters: bool) -> None:
+    """Write the engine's checkpoint directory at ``path`` (on every rank), complete when this returns."""
+    engine.save_checkpoint(
+        str(path), client_state=client_state, tag=TAG, exclude_frozen_parameters=exclude_frozen_parameters
+    )
+    if getattr(engine.checkpoint_engine, "is_decoupled", lambda: False)():
+        # A decoupled writer finishes in the background and is committed at the next step, but the
+        # staged directory is published as soon as this returns: it must be complete by then.
+        engine._commit_decoupled_checkpoint()
+
+
+@contextmanager
+def checked_reads(engine: Any, weights_only: bool | None) -> Iterator[None]:
+    """While loading, DeepSpeed reads each file with ``weights_only`` and refuses damaged ones by name.
+
+    Only DeepSpeed's default engine (torch.save files) is wrapped; other checkpoint engines read
+    their own formats their own way.
+    """
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    original = engine.checkpoint_engine
+    if type(original) is not TorchCheckpointEngine:
+        yield
+        return
+    engine.checkpoint_engine = _CheckedReads(original, weights_only)
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = original
+
+
+class _CheckedReads:
+    """DeepSpeed's checkpoint engine, reading through ``read_saved_file``."""
+
+    def __init__(self, engine: Any, weights_only: bool | None) -> None:
+        self._engine = engine
+        self._weights_only = weights_only
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        # DeepSpeed pickles its own classes (LossScaler, ZeroStageEnum) into the optimizer-state files,
+        # which weights_only=True refuses: those are read as DeepSpeed itself reads them.
+        weights_only = False if path.endswith("optim_states.pt") else self._weights_only
+        return read_saved_file(Path(path), weights_only, map_location=map_location)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def read_saved_file(path: Path, weights_only: bool | None, map_location: Any = "cpu", mmap: bool = False) -> Any:
+    """``torch.load`` of one file DeepSpeed wrote, with CheckpointErrors naming what is wrong with it."""
+    if not compatibility.is_legacy_torch_save(path):
+        return load_file(path, weights_only=weights_only, map_location=map_location, mmap=mmap)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as error:
+        raise CheckpointError(
+            f"{path} could not be read ({str(error).splitlines()[0]}). If it says weights_only, pass "
+            "weights_only=False when you trust the file; otherwise it was damaged after it was written: resume "
+            "from an earlier checkpoint."
+        ) from error
+
+
+def check_full_weights_file(path: Path) -> None:
+    """Refuse what a load of full weights cannot read: a DeepSpeed directory, a missing or damaged file."""
+    if path.is_dir() and not _is_deepspeed_directory(path):
+        raise CheckpointError(other_formats.describe(path) or f"{path} is a folder, not a checkpoint file.")
+    if path.is_dir() or (path.is_file() and _is_tag_folder(path.parent)):
+        raise CheckpointError(
+            f"A single file of full weights is loaded here (load_full_weights=True, or fabric.load with a module or "
+            f"optimizer as the state), but {path} is (part of) a DeepSpeed checkpoint directory. Resume it as one: "
+            "without load_full_weights, and with Fabric as fabric.load(path, {'model': model, 'optimizer': "
+            f"optimizer}}). Or convert it into one file: `python -m lightning_strategies_deepspeed.convert {path} "
+            "weights.ckpt`."
+        )
+    check_file(path)
+
+
 def convert_zero_checkpoint(
-    checkpoint: str | os.PathLike, output_file: str | os.PathLike | None = None
+    checkpoint: str | os.PathLike, output_file: str | os.PathLike | None = None, weights_only: bool | None = None
 ) -> dict[str, Any]:
     """Merge a (sharded) DeepSpeed checkpoint into one Lightning checkpoint with a plain fp32 state dict.
 
     The result loads with ``torch.load`` + ``load_state_dict`` or ``LightningModule.load_from_checkpoint``,
-    without DeepSpeed. Written to ``output_file`` when given, and returned.
+    without DeepSpeed. Written to ``output_file`` when given, and returned. ``weights_only`` applies to
+    the file holding Lightning's state; DeepSpeed reads its optimizer-state files with ``weights_only=False``.
     """
-    import torch
-
     location = locate(checkpoint)
-    tag = location.tag or location.directory.joinpath("latest").read_text().strip()
-    tag_folder = location.directory / tag
-    client_state = torch.load(_rank_0_model_states(tag_folder), map_location="cpu", weights_only=False)
+    tag_folder = location.tag_folder
+    compatibility.check_saved_files(tag_folder)
+    client_state = read_saved_file(_rank_0_model_states(tag_folder), weights_only)
     if any(tag_folder.glob("*optim_states.pt")) and client_state.get("ds_config", {}).get("zero_optimization", {}).get(
         "stage", 0
     ):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state_dict = get_fp32_state_dict_from_zero_checkpoint(str(location.directory), tag=tag)
+        state_dict = get_fp32_state_dict_from_zero_checkpoint(str(location.directory), tag=location.tag)
     else:  # without ZeRO the model-states file holds the whole module
         state_dict = {
             name: tensor.float() if tensor.is_floating_point() else tensor
@@ -107,7 +263,8 @@ def convert_zero_checkpoint(
     converted["state_dict"] = dict(state_dict)
     if output_file is not None:
         Path(output_file).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(converted, output_file)
+        with staged_save(output_file) as staged:
+            torch.save(converted, staged)
     return converted
 
 
@@ -117,28 +274,36 @@ def convert_to_universal(checkpoint: str | os.PathLike, output_dir: str | os.Pat
     Resume from ``output_dir`` as from any checkpoint of the strategy; it is recognised as universal.
     """
     location = locate(checkpoint)
-    tag = location.tag or location.directory.joinpath("latest").read_text().strip()
+    compatibility.check_saved_files(location.tag_folder)
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    universal_tag = tag + UNIVERSAL_SUFFIX
-    command = [
-        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-        "--input_folder", str(location.directory / tag),
-        "--output_folder", str(output_dir / universal_tag),
-        "--num_extract_workers", "1", "--num_merge_workers", "1",
-    ]  # fmt: skip
-    environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
-    result = subprocess.run(command, capture_output=True, text=True, env=environment)
-    if result.returncode != 0:
-        raise RuntimeError(f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}")
-    output_dir.joinpath("latest_universal").write_text(universal_tag)
+    if output_dir.exists() and any(output_dir.iterdir()) and not output_dir.joinpath("latest_universal").is_file():
+        raise CheckpointError(
+            f"{output_dir} exists and is not a universal checkpoint; the conversion replaces the whole folder. "
+            "Choose a new folder for it."
+        )
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    universal_tag = location.tag + UNIVERSAL_SUFFIX
+    with staged_save(output_dir) as staged:
+        staged.mkdir()
+        command = [
+            sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder", str(location.tag_folder),
+            "--output_folder", str(staged / universal_tag),
+            "--num_extract_workers", "1", "--num_merge_workers", "1",
+        ]  # fmt: skip
+        environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+        result = subprocess.run(command, capture_output=True, text=True, env=environment)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}"
+            )
+        staged.joinpath("latest_universal").write_text(universal_tag)
     return output_dir
 
 
 def load_into_partitioned_module(module: Any, state_dict: dict[str, Any], strict: bool, is_global_zero: bool) -> None:
     """Load a full state dict into a ZeRO-3 module: gather each module's parameters, copy on rank 0, re-partition."""
     import deepspeed
-    import torch
 
     expected = set(module.state_dict().keys())
     missing = sorted(expected - set(state_dict))

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,10 +20,12 @@ from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.strategies.ddp import DDPStrategy
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.parameters import check_choice
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
@@ -259,35 +262,37 @@ class DeepSpeedFabricStrategy(DDPStrategy):
             if not isinstance(value, (Module, Optimizer)) and not _is_deepspeed_optimizer(value)
         }
         client_state.update(checkpoints.universal_info())
-        engine.save_checkpoint(
-            str(self.broadcast(str(path))), client_state=client_state, tag=checkpoints.TAG,
-            exclude_frozen_parameters=self.exclude_frozen_parameters,
-        )  # fmt: skip
+        path = self.broadcast(str(path))
+        # Staged and published in one rename once every rank has written: a save killed half way
+        # leaves the previous checkpoint whole.
+        with staged_save(path, self.is_global_zero, self.barrier) as staged:
+            checkpoints.save(engine, staged, client_state, self.exclude_frozen_parameters)
 
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
+        if self.is_global_zero:
+            recover(path)  # the broadcast below holds the other ranks until this is done
+        path = self.broadcast(str(path))
         if isinstance(state, (Module, Optimizer)) or self.load_full_weights:
-            return super().load_checkpoint(path=self.broadcast(str(path)), state=state, strict=strict)
+            if _is_local_file_protocol(path):
+                checkpoints.check_full_weights_file(Path(path))
+            # Lightning 2.5.0's Fabric strategies take no weights_only.
+            extra = {} if weights_only is None else {"weights_only": weights_only}
+            return super().load_checkpoint(path=path, state=state, strict=strict, **extra)
         if not state:
             raise ValueError(
                 "Pass the objects to restore: fabric.load(path, {'model': model, 'optimizer': optimizer, ...})."
             )
         engine = _single_engine(state)
-        location = checkpoints.locate(self.broadcast(str(path)))
-        if location.universal:
-            engine._config.load_universal_checkpoint = True
+        location, layout = checkpoints.inspect(path, weights_only)
         wants_optimizer = any(
             isinstance(value, Optimizer) or _is_deepspeed_optimizer(value) for value in state.values()
         )
-        _, client_state = engine.load_checkpoint(
-            str(location.directory), tag=location.tag, load_optimizer_states=wants_optimizer,
-            load_lr_scheduler_states=False, load_module_strict=strict,
+        client_state = checkpoints.load_into_engine(
+            engine, location, layout, self.world_size,
+            load_optimizer_states=wants_optimizer, weights_only=weights_only, strict=strict,
         )  # fmt: skip
-        if client_state is None:
-            raise RuntimeError(
-                f"DeepSpeed could not load the checkpoint at {str(path)!r} (files missing or unreadable)."
-            )
         for key in list(state):
             if key in client_state and not isinstance(state[key], (Module, Optimizer)):
                 value = client_state.pop(key)

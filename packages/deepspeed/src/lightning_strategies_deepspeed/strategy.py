@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.ddp import DDPStrategy
@@ -25,7 +26,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
-from lightning_strategies.errors import MissingBackendError
+from lightning_strategies.checkpoints import recover, remove, staged_save
+from lightning_strategies.errors import CheckpointError, MissingBackendError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
@@ -342,7 +344,11 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         return {}  # the engine writes the (partitioned) optimizer state itself
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside."""
+        """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside.
+
+        Every rank writes into a hidden staging directory, published under ``filepath`` in one rename once
+        all are done: a save killed half way leaves the previous checkpoint whole.
+        """
         if storage_options is not None:
             raise TypeError(
                 "DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files."
@@ -352,47 +358,47 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")
         }
         client_state.update(checkpoints.universal_info())
-        self.model.save_checkpoint(
-            filepath,
-            client_state=client_state,
-            tag=checkpoints.TAG,
-            exclude_frozen_parameters=self.exclude_frozen_parameters,
-        )
+        with staged_save(filepath, self.is_global_zero, self.barrier) as staged:
+            checkpoints.save(self.model, staged, client_state, self.exclude_frozen_parameters)
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self.is_global_zero:
+            remove(filepath)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        if self.is_global_zero:
+            recover(checkpoint_path)  # the broadcast below holds the other ranks until this is done
         checkpoint_path = self.broadcast(str(checkpoint_path))
         if self.load_full_weights:
             return self._load_full_weights_file(checkpoint_path, weights_only)
-        location = checkpoints.locate(checkpoint_path)
+        location, layout = checkpoints.inspect(checkpoint_path, weights_only)
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
-        if not fitting and self.zero_stage_3 and not location.universal:
-            # The evaluation engine has no ZeRO optimizer for DeepSpeed to load shards into (its loader then
-            # fails on DeepSpeedZeRoOffload): merge the shards and load the full weights instead.
+        if not fitting and not location.universal and (self.zero_stage_3 or layout.parameter_ranks):
+            # The evaluation engine has no ZeRO optimizer for DeepSpeed to load ZeRO-3 shards into (its
+            # loader then fails on DeepSpeedZeRoOffload), and no partitioned parameters for a ZeRO-3
+            # checkpoint to go to: merge the shards and load the full weights instead.
             self._full_weights_pending = True
-            return checkpoints.convert_zero_checkpoint(checkpoint_path)
-        if location.universal:
-            self.model._config.load_universal_checkpoint = True  # read by engine.load_checkpoint
-        _, client_state = self.model.load_checkpoint(
-            location.directory,
-            tag=location.tag,
+            return checkpoints.convert_zero_checkpoint(location.tag_folder, weights_only=weights_only)
+        return checkpoints.load_into_engine(
+            self.model,
+            location,
+            layout,
+            self.world_size,
             load_optimizer_states=fitting and self.model.optimizer is not None,
-            load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
-            load_module_strict=self.lightning_module.strict_loading,
+            weights_only=weights_only,
+            strict=self.lightning_module.strict_loading,
         )
-        if client_state is None:
-            raise RuntimeError(
-                f"DeepSpeed could not load the checkpoint at {checkpoint_path!r} (files missing or unreadable). "
-                "Pass the directory the strategy saved, or a single weights file with load_full_weights=True."
-            )
-        return client_state
 
     def _load_full_weights_file(self, path: str, weights_only: bool | None) -> dict[str, Any]:
-        if Path(path).is_dir():
-            raise ValueError(
-                f"DeepSpeedStrategy(load_full_weights=True) loads a single weights file, but {path!r} is a directory. "
-                "Convert it with `python -m lightning_strategies_deepspeed.convert`, or drop load_full_weights."
+        if _is_local_file_protocol(path):
+            checkpoints.check_full_weights_file(Path(path))
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        if "state_dict" not in checkpoint:
+            raise CheckpointError(
+                f"{path} has no 'state_dict' entry, so it is not a Lightning checkpoint. Save a model's weights for "
+                "load_full_weights=True as torch.save({'state_dict': model.state_dict()}, path)."
             )
-        return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        return checkpoint
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         if not (self.load_full_weights or self._full_weights_pending):
