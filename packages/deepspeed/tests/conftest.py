@@ -32,23 +32,28 @@ def clean_environment() -> dict[str, str]:
     return environment
 
 
+def run_training(out: Path, strategy: str = "deepspeed", options: dict[str, Any] | None = None, **arguments: Any):
+    """Run tests/train_script.py (2 processes on CPU by default); rank 0 writes its results to ``out``."""
+    command = [sys.executable, str(HERE / "train_script.py"), "--strategy", strategy, "--out", str(out)]
+    if options:
+        command += ["--strategy-options", json.dumps(options)]
+    for name, value in arguments.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            command.append(flag)
+        elif value is not None and value is not False:
+            command += [flag, str(value)]
+    return subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+
+
 @pytest.fixture
 def train(tmp_path: Path):
-    """Run tests/train_script.py (2 processes on CPU by default) and return what rank 0 wrote."""
+    """Train with tests/train_script.py and return what rank 0 wrote; the run must succeed."""
     counter = iter(range(100))
 
     def run(strategy: str = "deepspeed", options: dict[str, Any] | None = None, **arguments: Any) -> dict[str, Any]:
         out = tmp_path / f"result-{next(counter)}.pt"
-        command = [sys.executable, str(HERE / "train_script.py"), "--strategy", strategy, "--out", str(out)]
-        if options:
-            command += ["--strategy-options", json.dumps(options)]
-        for name, value in arguments.items():
-            flag = "--" + name.replace("_", "-")
-            if value is True:
-                command.append(flag)
-            elif value is not None and value is not False:
-                command += [flag, str(value)]
-        result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+        result = run_training(out, strategy, options, **arguments)
         assert result.returncode == 0, f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
         return torch.load(out, weights_only=False)
 

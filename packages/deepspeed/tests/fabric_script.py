@@ -1,12 +1,19 @@
-"""Fabric with a DeepSpeed name on 2 CPU processes: train, save, load into a fresh model, compare."""
+"""Fabric with a DeepSpeed name on 2 CPU processes: train, save, load into a fresh model, compare.
+
+Between the save and the load, training goes on and a second save to the same path fails half
+way: the load must still find the first save, whole.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
+
+from lightning_strategies.errors import CheckpointError
 
 
 def build(fabric: Fabric):
@@ -27,6 +34,39 @@ def weights(fabric: Fabric, model) -> dict[str, list]:
     return {name: tensor.detach().float().flatten().tolist() for name, tensor in module.named_parameters()}
 
 
+def fit(fabric: Fabric, model, optimizer, steps: int) -> list[float]:
+    generator = torch.Generator().manual_seed(0)
+    inputs, targets = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
+    losses = []
+    for _ in range(steps):  # one batch, fitted repeatedly: its loss must fall
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        fabric.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def save_failing_half_way(fabric: Fabric, checkpoint: str, state: dict) -> str:
+    """fabric.save, with every rank's write raising once its optimizer-state file is written."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    write = TorchCheckpointEngine.save
+
+    def write_then_fail(engine, state_dict, path):
+        write(engine, state_dict, path)
+        if str(path).endswith("optim_states.pt"):
+            raise OSError("injected failure mid-save")
+
+    TorchCheckpointEngine.save = write_then_fail
+    try:
+        fabric.save(checkpoint, state)
+    except OSError as error:
+        return str(error)
+    finally:
+        TorchCheckpointEngine.save = write
+    return "the save did not fail"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="deepspeed_stage_2")
@@ -37,16 +77,19 @@ def main() -> None:
     fabric.launch()
     fabric.seed_everything(3)
     model, optimizer = build(fabric)
-    generator = torch.Generator().manual_seed(0)
-    losses = []
-    inputs, targets = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
-    for _ in range(6):  # one batch, fitted repeatedly: its loss must fall
-        loss = torch.nn.functional.mse_loss(model(inputs), targets)
-        fabric.backward(loss)
-        optimizer.step()
-        losses.append(loss.item())
+    losses = fit(fabric, model, optimizer, steps=6)
     trained = weights(fabric, model)
     fabric.save(arguments.checkpoint, {"model": model, "optimizer": optimizer, "step": 6})
+    fit(fabric, model, optimizer, steps=2)
+    trained_further = weights(fabric, model)
+    failed_save = save_failing_half_way(
+        fabric, arguments.checkpoint, {"model": model, "optimizer": optimizer, "step": 8}
+    )
+    try:
+        fabric.load(str(Path(arguments.checkpoint).with_name("missing.ckpt")), {"model": model})
+        missing = "no error"
+    except CheckpointError as error:
+        missing = str(error)
     fabric.seed_everything(99)  # a differently initialised model, then restored from the checkpoint
     fresh_model, fresh_optimizer = build(fabric)
     state = {"model": fresh_model, "optimizer": fresh_optimizer, "step": 0}
@@ -55,6 +98,7 @@ def main() -> None:
     if fabric.global_rank == 0:
         with open(arguments.out, "w") as file:
             json.dump({"losses": losses, "trained": trained, "restored": restored, "step": state["step"],
+                       "trained_further": trained_further, "failed_save": failed_save, "missing": missing,
                        "strategy_class": type(fabric.strategy).__name__}, file)  # fmt: skip
 
 

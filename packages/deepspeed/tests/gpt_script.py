@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--nvme-path", default="/tmp")
     parser.add_argument("--config-optimizer", action="store_true", help="FusedAdam from the DeepSpeed config")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--save", default=None, help="checkpoint to write after training")
+    parser.add_argument("--resume", default=None, help="checkpoint to resume from (Lightning's default weights_only)")
     parser.add_argument("--out", required=True)
     arguments = parser.parse_args()
     seed_everything(0)
@@ -91,14 +93,17 @@ def main() -> None:
         accelerator="cuda", devices=arguments.devices, strategy=strategy, precision=arguments.precision,
         max_steps=arguments.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
     )  # fmt: skip
-    trainer.fit(model, DataLoader(Tokens(256, 64, 1024), batch_size=8, shuffle=True))
+    trainer.fit(model, DataLoader(Tokens(256, 64, 1024), batch_size=8, shuffle=True), ckpt_path=arguments.resume)
+    if arguments.save:
+        trainer.save_checkpoint(arguments.save)
     if trainer.is_global_zero:
         from deepspeed.accelerator import get_accelerator
 
         first, last = sum(model.losses[:5]) / 5, sum(model.losses[-5:]) / 5
         assert math.isfinite(last)
         result = {"first_loss": first, "last_loss": last, "deepspeed_accelerator": get_accelerator().device_name(),
-                  "config": json.loads(json.dumps(trainer.strategy.config, default=str))}  # fmt: skip
+                  "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
+                  "global_step": trainer.global_step, "steps_run": len(model.losses)}  # fmt: skip
         with open(arguments.out, "w") as file:
             json.dump(result, file)
 

@@ -1,4 +1,5 @@
-"""The Fabric strategy on 2 CPU processes: training lowers the loss; save and load restore the weights."""
+"""The Fabric strategy on 2 CPU processes: training lowers the loss; save and load restore the weights,
+also after a later save to the same path failed half way."""
 
 from __future__ import annotations
 
@@ -22,3 +23,7 @@ def test_fabric_trains_saves_and_loads(tmp_path, name):
     assert report["losses"][-1] < report["losses"][0]
     assert report["step"] == 6
     assert report["restored"] == report["trained"]
+    assert report["failed_save"] == "injected failure mid-save"
+    assert report["trained_further"] != report["trained"]  # so the failed save had something else to write
+    assert [path.name for path in tmp_path.glob("*.ckpt")] == ["fabric.ckpt"]
+    assert report["missing"].startswith("No checkpoint at") and "missing.ckpt" in report["missing"]

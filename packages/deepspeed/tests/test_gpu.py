@@ -78,3 +78,18 @@ def test_fused_adam_builds_with_hopper_arch_list(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
     result = run_gpt(tmp_path, "deepspeed_stage_2", devices=1, extra=["--config-optimizer"])
     assert result["last_loss"] < result["first_loss"]
+
+
+@pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
+@pytest.mark.parametrize(
+    ("name", "precision"), [("deepspeed_stage_2", "16-mixed"), ("deepspeed_stage_3", "bf16-mixed")]
+)
+def test_resume_with_default_weights_only_in_gpu_precisions(tmp_path, name, precision):
+    """fp16 puts DeepSpeed's loss scaler into the checkpoint: Lightning's state must still load with
+    weights_only=True, DeepSpeed's optimizer-state files with False (README, Reliability)."""
+    devices = min(GPUS, 2)
+    checkpoint = tmp_path / "run.ckpt"
+    run_gpt(tmp_path, name, devices, precision, extra=["--steps", "10", "--save", str(checkpoint)])
+    assert (checkpoint / "latest").is_file() and not (tmp_path / ".lightning-strategies-staging" / "run.ckpt").exists()
+    resumed = run_gpt(tmp_path, name, devices, precision, extra=["--steps", "20", "--resume", str(checkpoint)])
+    assert resumed["global_step"] == 20 and resumed["steps_run"] == 10

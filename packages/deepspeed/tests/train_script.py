@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -92,6 +92,9 @@ def main() -> None:
     parser.add_argument("--scheduler", action="store_true")
     parser.add_argument("--save", default=None, help="checkpoint to write at the end of each epoch (ModelCheckpoint)")
     parser.add_argument("--resume", default=None, help="checkpoint to resume from")
+    parser.add_argument(
+        "--break-saves-from-epoch", type=int, default=None, help="from this epoch on, every checkpoint save fails"
+    )
     parser.add_argument("--validate", action="store_true")
     parser.add_argument("--out", required=True)
     arguments = parser.parse_args()
@@ -104,6 +107,9 @@ def main() -> None:
         from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
         strategy = DeepSpeedStrategy(**options)
+    callbacks = [_epoch_end_checkpoint(arguments.save)] if arguments.save else []
+    if arguments.break_saves_from_epoch is not None:
+        callbacks.append(_BreakSaves(arguments.break_saves_from_epoch))
     trainer = Trainer(
         accelerator="cpu",
         devices=arguments.devices,
@@ -117,7 +123,7 @@ def main() -> None:
         num_sanity_val_steps=0,
         logger=False,
         enable_checkpointing=arguments.save is not None,
-        callbacks=[_epoch_end_checkpoint(arguments.save)] if arguments.save else [],
+        callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
         use_distributed_sampler=False,  # every rank sees the same batches: results comparable across world sizes
@@ -146,6 +152,28 @@ def _epoch_end_checkpoint(path: str):
     # An epoch-end checkpoint resumes at the start of the next epoch, as uninterrupted training continues.
     target = Path(path)
     return ModelCheckpoint(dirpath=target.parent, filename=target.stem, every_n_epochs=1, save_top_k=1)
+
+
+class _BreakSaves(Callback):
+    """A save that dies half way: from ``epoch`` on, every rank's checkpoint write raises right after
+    DeepSpeed has written that rank's optimizer-state file (as a full disk would, mid-save)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch != self.epoch:
+            return
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+        write = TorchCheckpointEngine.save
+
+        def write_then_fail(engine, state_dict, path):
+            write(engine, state_dict, path)
+            if str(path).endswith("optim_states.pt"):
+                raise OSError(f"injected failure after writing {path}")
+
+        TorchCheckpointEngine.save = write_then_fail
 
 
 def _deepspeed_accelerator() -> str | None:

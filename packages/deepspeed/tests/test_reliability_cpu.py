@@ -1,0 +1,172 @@
+"""Progress kept safe (issue #9): a save that fails half way leaves the previous checkpoint whole,
+and a checkpoint that cannot be loaded is refused with what it is and what to do, before DeepSpeed
+fails somewhere inside.
+
+The checkpoint these tests damage is real: written by 2 processes with ZeRO stage 2 over gloo.
+"""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed.checkpoint
+from conftest import assert_weights_close, reference_weights, run_training
+
+from lightning_strategies.checkpoints import STAGING_FOLDER
+from lightning_strategies.errors import CheckpointError
+from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed.compatibility import EngineLayout, SavedLayout, check_fits
+
+STEPS_PER_EPOCH = 4
+RUN = {"max_epochs": 2, "batches": STEPS_PER_EPOCH}
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A ZeRO-2 run on 2 processes whose second epoch-end save failed on every rank, half written."""
+    folder = tmp_path_factory.mktemp("interrupted")
+    checkpoint = folder / "epoch.ckpt"
+    result = run_training(folder / "result.pt", "deepspeed_stage_2", **RUN, save=checkpoint, break_saves_from_epoch=1)
+    return result, checkpoint
+
+
+@pytest.fixture
+def saved(interrupted, tmp_path):
+    """A copy of the interrupted run's checkpoint (of its first epoch) to damage."""
+    copy = tmp_path / "copy.ckpt"
+    shutil.copytree(interrupted[1], copy)
+    return copy
+
+
+def test_a_save_failing_half_way_keeps_the_previous_checkpoint(interrupted, train):
+    result, checkpoint = interrupted
+    assert result.returncode != 0 and "injected failure after writing" in result.stderr, result.stderr[-3000:]
+    # The failed save wrote its files where nothing looks for checkpoints ...
+    assert any((checkpoint.parent / STAGING_FOLDER / checkpoint.name / "checkpoint").glob("*optim_states.pt"))
+    assert [path.name for path in checkpoint.parent.glob("*.ckpt")] == [checkpoint.name]
+    # ... and the checkpoint of the first epoch is whole: its weights are those after one epoch,
+    converted = checkpoints.convert_zero_checkpoint(checkpoint)
+    assert converted["global_step"] == STEPS_PER_EPOCH
+    assert_weights_close(converted["state_dict"], reference_weights(STEPS_PER_EPOCH, batches=STEPS_PER_EPOCH))
+    # and training resumes from it, with Lightning's default weights_only (the model-states file
+    # holding Lightning's state is read with weights_only=True).
+    resumed = train("deepspeed_stage_2", **RUN, resume=checkpoint)
+    assert resumed["global_step"] == 2 * STEPS_PER_EPOCH
+    assert resumed["optimizer_steps"] == STEPS_PER_EPOCH
+    assert_weights_close(resumed["weights"], reference_weights(2 * STEPS_PER_EPOCH, batches=STEPS_PER_EPOCH))
+
+
+def test_resuming_on_another_number_of_processes_names_both_and_the_fixes(interrupted, tmp_path):
+    result = run_training(tmp_path / "result.pt", "deepspeed_stage_2", **RUN, devices=1, resume=interrupted[1])
+    assert result.returncode != 0
+    assert "CheckpointError" in result.stderr and "ZeRORuntimeException" not in result.stderr
+    message = result.stderr[result.stderr.index("CheckpointError") :]
+    assert "on 2 processes" in message and "this run has 1 process:" in message
+    assert "Resume on 2 processes" in message and "convert --universal" in message
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda c: _truncate(c / "checkpoint" / "mp_rank_00_model_states.pt"), "is truncated or corrupted"),
+        (lambda c: (c / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b""), "is empty"),
+        (lambda c: (c / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink(), r"rank\(s\) 1 of 2"),
+        (lambda c: (c / "latest").write_text("global_step9"), "names the tag 'global_step9'"),
+        (lambda c: shutil.rmtree(c), "No checkpoint at"),
+    ],
+    ids=["truncated", "empty", "missing-rank", "latest-elsewhere", "missing"],
+)
+def test_damaged_checkpoints_are_refused_with_what_to_do(saved, damage, expected):
+    damage(saved)
+    with pytest.raises(CheckpointError, match=expected) as caught:
+        checkpoints.inspect(saved)
+    assert str(saved) in str(caught.value)
+    assert any(fix in str(caught.value) for fix in ("earlier checkpoint", "copy it again", "Check the path"))
+
+
+def test_checkpoints_of_other_strategies_are_named_with_how_to_load_them(tmp_path):
+    single_file = tmp_path / "ddp.ckpt"
+    torch.save({"state_dict": {"weight": torch.ones(2)}}, single_file)
+    dcp_folder = tmp_path / "fsdp.ckpt"
+    torch.distributed.checkpoint.save({"weight": torch.ones(2)}, checkpoint_id=str(dcp_folder))  # FSDP2's format
+    torch.save({"epoch": 0}, dcp_folder / "meta.pt")
+    colossalai_folder = tmp_path / "colossalai.ckpt"  # ColossalAI's layout (ColossalAI needs CUDA to write one)
+    (colossalai_folder / "model").mkdir(parents=True)
+    torch.save({"epoch": 0}, colossalai_folder / "meta.pt")
+    unknown_folder = tmp_path / "other"
+    unknown_folder.mkdir()
+    for path, expected in [
+        (single_file, "single checkpoint file.*load_full_weights=True"),
+        (dcp_folder, "torch.distributed.checkpoint folder.*lightning_strategies_fsdp.convert"),
+        (colossalai_folder, "ColossalAI sharded checkpoint.*state_dict_type='full'.*load_full_weights=True"),
+        (unknown_folder, "not a DeepSpeed checkpoint directory"),
+    ]:
+        with pytest.raises(CheckpointError, match=expected):
+            checkpoints.inspect(path)
+
+
+def test_full_weights_loading_refuses_a_deepspeed_directory_and_damaged_files(saved, tmp_path):
+    with pytest.raises(CheckpointError, match="Resume it as one: without load_full_weights"):
+        checkpoints.check_full_weights_file(saved)
+    damaged = tmp_path / "weights.ckpt"
+    torch.save({"state_dict": {"weight": torch.ones(64)}}, damaged)
+    _truncate(damaged)
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        checkpoints.check_full_weights_file(damaged)
+
+
+def test_a_checkpoint_split_another_way_is_refused_before_deepspeed_reads_it(saved):
+    _, layout = checkpoints.inspect(saved)
+    assert layout == SavedLayout(world_size=2, stage=2, parameter_ranks=(), optimizer_ranks=(0, 1))
+    stage_2 = EngineLayout(world_size=2, stage=2, partitioned_parameters=False, partitioned_optimizer=True)
+    check_fits(saved, layout, stage_2, restores_optimizer=True)  # the run that saved it
+    refusals = [
+        (EngineLayout(1, 2, False, True), r"stage 2 on 2 processes.*this run has 1 process.*Resume on 2.*--universal"),
+        (EngineLayout(2, 3, True, True), r"this run uses ZeRO stage 3.*Resume with ZeRO stage 2.*load_full_weights"),
+        (EngineLayout(2, 0, False, False), r"keeps the optimizer state whole.*Resume with the ZeRO settings it was"),
+    ]
+    for engine, expected in refusals:
+        with pytest.raises(CheckpointError, match=expected):
+            check_fits(saved, layout, engine, restores_optimizer=True)
+    # Weights alone (validate, test, predict) load on any number of processes.
+    check_fits(saved, layout, EngineLayout(1, 2, False, False), restores_optimizer=False)
+    zero_3 = SavedLayout(world_size=2, stage=3, parameter_ranks=(0, 1), optimizer_ranks=(0, 1))
+    with pytest.raises(CheckpointError, match=r"saved with ZeRO stage 3 on 2 processes.*this run uses ZeRO stage 2"):
+        check_fits(saved, zero_3, stage_2, restores_optimizer=False)
+
+
+def test_deepspeed_reads_lightning_state_with_weights_only(saved):
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    engine = SimpleNamespace(checkpoint_engine=TorchCheckpointEngine())  # what loading uses of a DeepSpeedEngine
+    model_states = saved / "checkpoint" / "mp_rank_00_model_states.pt"
+    optimizer_states = saved / "checkpoint" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    with checkpoints.checked_reads(engine, weights_only=None):  # torch's default: True
+        assert engine.checkpoint_engine.load(str(model_states))["global_step"] == STEPS_PER_EPOCH
+        # DeepSpeed's own optimizer-state file pickles DeepSpeed classes: read as DeepSpeed reads it.
+        assert "optimizer_state_dict" in engine.checkpoint_engine.load(str(optimizer_states))
+    assert type(engine.checkpoint_engine) is TorchCheckpointEngine  # put back
+
+    state = torch.load(model_states, weights_only=False)
+    state["hyper_parameters"] = SimpleNamespace(width=32)  # an object that only unpickling can rebuild
+    torch.save(state, model_states)
+    refused = pytest.raises(CheckpointError, match=r"weights_only=True refuses.*weights_only=False")
+    with checkpoints.checked_reads(engine, weights_only=None), refused:
+        engine.checkpoint_engine.load(str(model_states))
+    with checkpoints.checked_reads(engine, weights_only=False):
+        assert engine.checkpoint_engine.load(str(model_states))["hyper_parameters"].width == 32
+
+
+def test_files_in_torch_legacy_format_are_read(tmp_path):
+    """DeepSpeed writes them with the config's checkpoint_serialization=False; they have no zip index."""
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"global_step": 3}, path, _use_new_zipfile_serialization=False)
+    checkpoints.compatibility.check_saved_file(path)
+    assert checkpoints.read_saved_file(path, weights_only=True) == {"global_step": 3}
