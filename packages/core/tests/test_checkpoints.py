@@ -140,3 +140,11 @@ def test_a_remote_url_is_written_in_place(tmp_path: Path) -> None:
         assert staged == "s3://bucket/last.ckpt"
     with pytest.raises(ValueError, match="through its file system"):
         remove("s3://bucket/last.ckpt")
+
+
+def test_the_legacy_torch_save_format_is_read(tmp_path: Path) -> None:
+    # DeepSpeed writes it with checkpoint_serialization=False: no zip table of contents to check.
+    path = tmp_path / "model_states.pt"
+    torch.save({"step": 3}, path, _use_new_zipfile_serialization=False)
+    check_file(path)
+    assert load_file(path, weights_only=True, mmap=True) == {"step": 3}

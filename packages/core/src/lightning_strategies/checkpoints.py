@@ -28,6 +28,8 @@ import torch
 from lightning_strategies.errors import CheckpointError
 
 STAGING_FOLDER = ".lightning-strategies-staging"
+# The legacy torch.save format begins with a protocol-2 pickle of torch's magic number.
+_LEGACY_TORCH_SAVE_START = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 _PREVIOUS_SUFFIX = ".previous"
 _TRASH_SUFFIX = ".removing"
 
@@ -122,18 +124,31 @@ def remove(path: str | os.PathLike[str]) -> None:
     _remove_if_empty(trash.parent)
 
 
-def load_file(path: str | os.PathLike[str], weights_only: bool | None = None, **options: Any) -> Any:
-    """``torch.load`` with errors that name the file, what is wrong with it and what to do."""
+_TRUST = (
+    "Pass weights_only=False to trainer.fit/validate/test/predict (or fabric.load) if you trust the file, "
+    "or allow the classes with torch.serialization.add_safe_globals."
+)
+
+
+def load_file(
+    path: str | os.PathLike[str], weights_only: bool | None = None, trust: str = _TRUST, **options: Any
+) -> Any:
+    """``torch.load`` with errors that name the file, what is wrong with it and what to do.
+
+    ``trust`` says how the caller's user reads a trusted file with pickled objects (a command-line
+    tool has its own flag for it).
+    """
     path = Path(path)
     check_file(path)
+    if _is_legacy_torch_save(path):
+        options.pop("mmap", None)  # torch maps only the zip format
     try:
         return torch.load(path, weights_only=weights_only, **options)
     except Exception as error:
         if weights_only is not False and "weights_only" in str(error):
             raise CheckpointError(
                 f"{path} holds objects that loading with weights_only=True refuses (it runs no pickled code): "
-                f"{str(error).splitlines()[0]} Pass weights_only=False to trainer.fit/validate/test/predict if "
-                "you trust the file, or allow the classes with torch.serialization.add_safe_globals."
+                f"{str(error).splitlines()[0]} {trust}"
             ) from error
         raise CheckpointError(f"{path} could not be read ({error}). {_CORRUPT_HINT}") from error
 
@@ -144,11 +159,18 @@ def check_file(path: Path) -> None:
         raise CheckpointError(f"No checkpoint file at {path}. Check the path, or list the folder for the ones there.")
     if path.stat().st_size == 0:
         raise CheckpointError(f"The checkpoint file {path} is empty. {_CORRUPT_HINT}")
-    if not zipfile.is_zipfile(path):
+    if not zipfile.is_zipfile(path) and not _is_legacy_torch_save(path):
         raise CheckpointError(
             f"The checkpoint file {path} is truncated or corrupted: its table of contents (the end of a "
             f"torch.save file) is missing. {_CORRUPT_HINT}"
         )
+
+
+def _is_legacy_torch_save(path: Path) -> bool:
+    # torch.save's pre-zip format (DeepSpeed writes it with checkpoint_serialization=False) has no
+    # table of contents to check; torch.load reads it or fails, and load_file words that failure.
+    with open(path, "rb") as handle:
+        return handle.read(len(_LEGACY_TORCH_SAVE_START)) == _LEGACY_TORCH_SAVE_START
 
 
 def check_files(folder: Path, pattern: str = "**/*.pt") -> None:

@@ -19,13 +19,18 @@ from typing import Any
 
 import torch
 
+from lightning_strategies.checkpoint_formats import foreign_checkpoint_error
 from lightning_strategies.checkpoints import check_file, load_file, staged_save
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies_deepspeed import compatibility, other_formats
+from lightning_strategies_deepspeed import compatibility
 
 TAG = "checkpoint"
 UNIVERSAL_SUFFIX = "_universal"
 _MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO-3 writes zero_pp_rank_<r>_mp_rank_00_model_states.pt
+_READS = (
+    f"a DeepSpeed checkpoint directory (a 'latest' file and a tag folder holding {_MODEL_STATES}), or one file "
+    "of full weights with DeepSpeedStrategy(load_full_weights=True)"
+)
 _RANK_0_MODEL_STATES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
 # What DeepSpeed keeps next to the client state in the model-states file; not Lightning's.
 _DEEPSPEED_KEYS = frozenset(
@@ -106,11 +111,7 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
             f"No checkpoint at {path}. Check the path: a DeepSpeed checkpoint is the directory given to "
             "trainer.save_checkpoint or written by ModelCheckpoint (a 'latest' file and a 'checkpoint' folder)."
         )
-    raise CheckpointError(
-        other_formats.describe(path)
-        or f"{path} is not a DeepSpeed checkpoint directory (expected a 'latest' file and a tag folder holding "
-        f"{_MODEL_STATES}). Pass the directory the strategy saved."
-    )
+    raise foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS)
 
 
 def inspect(
@@ -208,22 +209,13 @@ class _CheckedReads:
 
 def read_saved_file(path: Path, weights_only: bool | None, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load`` of one file DeepSpeed wrote, with CheckpointErrors naming what is wrong with it."""
-    if not compatibility.is_legacy_torch_save(path):
-        return load_file(path, weights_only=weights_only, map_location=map_location, mmap=mmap)
-    try:
-        return torch.load(path, map_location=map_location, weights_only=weights_only)
-    except Exception as error:
-        raise CheckpointError(
-            f"{path} could not be read ({str(error).splitlines()[0]}). If it says weights_only, pass "
-            "weights_only=False when you trust the file; otherwise it was damaged after it was written: resume "
-            "from an earlier checkpoint."
-        ) from error
+    return load_file(path, weights_only=weights_only, map_location=map_location, mmap=mmap)
 
 
 def check_full_weights_file(path: Path) -> None:
     """Refuse what a load of full weights cannot read: a DeepSpeed directory, a missing or damaged file."""
     if path.is_dir() and not _is_deepspeed_directory(path):
-        raise CheckpointError(other_formats.describe(path) or f"{path} is a folder, not a checkpoint file.")
+        raise foreign_checkpoint_error(path, "DeepSpeedStrategy(load_full_weights=True)", "one file of full weights")
     if path.is_dir() or (path.is_file() and _is_tag_folder(path.parent)):
         raise CheckpointError(
             f"A single file of full weights is loaded here (load_full_weights=True, or fabric.load with a module or "

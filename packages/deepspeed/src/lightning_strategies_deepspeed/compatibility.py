@@ -20,9 +20,6 @@ from lightning_strategies.errors import CheckpointError
 # One file per data-parallel rank: "bf16_" when the optimizer kept bf16 weights.
 _OPTIMIZER_STATES = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 _PARTITIONED_MODEL_STATES = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
-# What torch.save writes first in its legacy (non-zip) format, which DeepSpeed uses with the
-# config's checkpoint_serialization=False: a protocol-2 pickle of torch's magic number.
-_LEGACY_TORCH_SAVE = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 _CONVERT = "python -m lightning_strategies_deepspeed.convert"
 
 
@@ -83,21 +80,7 @@ def check_saved_files(tag_folder: Path) -> None:
     the others wait for it inside a collective.
     """
     for path in sorted([*tag_folder.glob("*.pt"), *tag_folder.glob("zero/*/*.pt")]):
-        check_saved_file(path)
-
-
-def check_saved_file(path: Path) -> None:
-    if is_legacy_torch_save(path):
-        return  # the legacy format has no table of contents at its end to check; torch.load reads it or fails
-    check_file(path)
-
-
-def is_legacy_torch_save(path: Path) -> bool:
-    try:
-        with open(path, "rb") as file:
-            return file.read(len(_LEGACY_TORCH_SAVE)) == _LEGACY_TORCH_SAVE
-    except OSError:
-        return False
+        check_file(path)  # the legacy (non-zip) format of checkpoint_serialization=False included
 
 
 def check_complete(directory: Path, tag: str, layout: SavedLayout) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import os
 import queue
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,7 @@ class _Run:
     process: subprocess.Popen = field(init=False)
     events: queue.Queue = field(default_factory=queue.Queue)
     output: list[str] = field(default_factory=list)
+    killed_by_driver: bool = False
 
     def __post_init__(self) -> None:
         self.process = subprocess.Popen(
@@ -103,6 +105,7 @@ class _Run:
         return remaining
 
     def kill(self) -> None:
+        self.killed_by_driver = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
@@ -226,11 +229,11 @@ def check_failed_rank(options: RunOptions, workdir: Path, how: str) -> dict[str,
     if not (workdir / FAILED_AT).exists():
         return {"check": check, "passed": False, "detail": f"rank {failing} never failed; output:\n{run.tail()}"}
     seconds = ended - float((workdir / FAILED_AT).read_text())
-    output = "".join(run.output)
-    named = f"rank {failing}" in output
-    passed = code != 0 and code != -signal.SIGKILL and named
+    # "rank 1" (ours), or "[rank: 1]" (Lightning's launcher, when it ends every process after a child died).
+    named = re.search(rf"\brank:? {failing}\b", "".join(run.output)) is not None
+    passed = code != 0 and not run.killed_by_driver and named
     detail = f"every rank exited {seconds:.1f} s after rank {failing} failed (exit code {code})"
-    if code == -signal.SIGKILL:
+    if run.killed_by_driver:
         detail = f"ranks were still running {seconds:.0f} s after rank {failing} failed and were killed"
     elif not named:
         detail += f", but no output names rank {failing}"
