@@ -17,16 +17,12 @@ from lightning_strategies.conformance.suite import (
     current_rank,
     rank_report_path,
     results_as_dicts,
+    run_parser,
 )
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m lightning_strategies.conformance")
-    parser.add_argument("--strategy", required=True)
-    parser.add_argument("--accelerator", default="cpu")
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--workdir", required=True)
+    parser = run_parser("python -m lightning_strategies.conformance")
     parser.add_argument("--report", required=True, help="prefix of the per-rank JSON report files")
     return parser.parse_args(argv)
 

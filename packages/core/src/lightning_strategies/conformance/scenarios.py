@@ -30,16 +30,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.reliability import CHECKPOINTS, FAILED_AT
+from lightning_strategies.conformance.suite import run_parser
 from lightning_strategies.registry import get_registry
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m lightning_strategies.conformance.scenarios")
-    parser.add_argument("--strategy", required=True)
-    parser.add_argument("--accelerator", default="cpu")
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--workdir", required=True)
+    parser = run_parser("python -m lightning_strategies.conformance.scenarios")
     parser.add_argument("--max-epochs", type=int, default=6)
     parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint")
     parser.add_argument("--fail-rank", type=int, default=None)

@@ -7,6 +7,7 @@ where an uninterrupted run ends. That holds for sharded and unsharded strategies
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import traceback
@@ -37,6 +38,17 @@ class SuiteOptions:
     devices: int = 1
     precision: str = "32-true"
     workdir: str = "."
+
+
+def run_parser(prog: str) -> argparse.ArgumentParser:
+    """The options of every conformance run (the fields of ``SuiteOptions``), for its command line."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--workdir", required=True)
+    return parser
 
 
 class _CollectiveProbe(Callback):
