@@ -170,3 +170,12 @@ def test_files_in_torch_legacy_format_are_read(tmp_path):
     torch.save({"global_step": 3}, path, _use_new_zipfile_serialization=False)
     check_file(path)  # core knows the format has no table of contents to check
     assert checkpoints.read_saved_file(path, weights_only=True) == {"global_step": 3}
+
+
+def test_the_conformance_reliability_tier_passes_on_two_processes(tmp_path):
+    # Real SIGKILLs inside and between saves, resumes compared with an uninterrupted run, and a
+    # rank that raises or is killed in training_step (core's conformance kit).
+    from lightning_strategies.conformance import run_check
+
+    report = run_check("deepspeed_stage_2", accelerator="cpu", devices=2, workdir=tmp_path, tiers=("reliability",))
+    assert report.passed, str(report)

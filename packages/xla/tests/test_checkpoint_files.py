@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from lightning.fabric import Fabric
-from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
@@ -26,21 +26,8 @@ DISK_FULL = "No space left on device"
 
 
 def small_trainer(tmp_path, **overrides):
-    settings = dict(
-        accelerator=XLAAccelerator(),
-        devices=1,
-        strategy="single_xla",
-        max_epochs=1,
-        limit_train_batches=4,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=str(tmp_path),
-    )
-    settings.update(overrides)
-    return Trainer(**settings)
+    # No validation, and no checkpoints unless a test asks for them.
+    return conftest.small_trainer(tmp_path, **{"limit_val_batches": 0, "enable_checkpointing": False, **overrides})
 
 
 @pytest.fixture

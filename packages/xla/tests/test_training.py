@@ -4,30 +4,11 @@ import warnings
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from conftest import small_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_strategies.conformance.suite import ConformanceSuite, SuiteOptions
 from lightning_strategies_xla import XLAAccelerator
-
-
-def small_trainer(tmp_path, **overrides):
-    settings = dict(
-        accelerator=XLAAccelerator(),
-        devices=1,
-        strategy="single_xla",
-        max_epochs=1,
-        limit_train_batches=4,
-        limit_val_batches=2,
-        limit_test_batches=2,
-        limit_predict_batches=2,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(tmp_path),
-    )
-    settings.update(overrides)
-    return Trainer(**settings)
 
 
 def test_conformance_suite_single_xla(tmp_path):
