@@ -27,6 +27,7 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 RESULTS = REPOSITORY / "docs" / "results" / "reliability.jsonl"
 PAGE = REPOSITORY / "docs" / "reliability.md"
 MARKER = "<!-- reliability-figures -->"
+_LIGHTNING_OWN = ("ddp",)
 
 
 def run(names: list[str], accelerator: str, devices: int, kills: int, results: Path) -> int:
@@ -51,6 +52,7 @@ def run(names: list[str], accelerator: str, devices: int, kills: int, results: P
             "results": report.results,
             "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "pjrt_device": os.environ.get("PJRT_DEVICE"),  # torch_xla's device: CPU stands in for a TPU
             "versions": versions(),
             "git_commit": git_commit(),
         }
@@ -78,12 +80,15 @@ def report(results: Path, page: Path) -> None:
         measured = {result["check"]: result.get("measured", {}) for result in record["results"]}
         kills = measured.get("crash-safe save", {})
         resumed = measured.get("resume after kill", {})
+        where = f"{devices} x {accelerator}" + (f" (PJRT {record['pjrt_device']})" if record.get("pjrt_device") else "")
         lines.append(
-            f"| `{name}` | {devices} x {accelerator} | {kills.get('kills', '-')} ({kills.get('inside_a_save', '-')}) "
+            f"| `{name}` | {where} | {kills.get('kills', '-')} ({kills.get('inside_a_save', '-')}) "
             f"| {_difference(resumed)} | {_exit(measured.get('failed-rank exit (raises)'))} "
             f"| {_exit(measured.get('failed-rank exit (killed)'))} | {'passed' if record['passed'] else 'FAILED'} "
             f"| {record['date']}, {record['machine']}, {_versions(record['versions'])} |"
         )
+    if any(name in _LIGHTNING_OWN for name, _, _ in latest):
+        lines += ["", "`ddp` is Lightning's own strategy, measured with the same tier for comparison."]
     text = page.read_text()
     page.write_text(text[: text.index(MARKER)] + "\n".join(lines) + "\n")
 
