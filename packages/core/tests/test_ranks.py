@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,17 @@ def test_a_bad_timeout_names_the_variable(value: str, monkeypatch: pytest.Monkey
     monkeypatch.setenv(TIMEOUT_VARIABLE, value)
     with pytest.raises(ValueError, match=TIMEOUT_VARIABLE):
         failed_rank_timeout()
+
+
+def test_reporting_never_masks_the_users_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Called from the Trainer's on_exception: an error raised here would replace the user's.
+    from lightning_strategies import ranks
+
+    class WatchdogWithoutStore:
+        stopped = threading.Event()
+
+        def failure(self) -> str | None:
+            raise ConnectionError("the store went with rank 0")
+
+    monkeypatch.setattr(ranks, "_watchdog", WatchdogWithoutStore())
+    assert ranks.report_failure(ValueError("the user's error")) is None

@@ -25,6 +25,7 @@ left to interpreter shutdown, gloo's worker threads can abort a finished, succes
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import sys
@@ -75,7 +76,11 @@ def watch_ranks(global_rank: int, world_size: int) -> None:
 
 def report_failure(exception: BaseException) -> None:
     """Tell the other ranks that this one failed with ``exception`` (once; later calls are no-ops)."""
-    if _watchdog is not None and not _watchdog.stopped.is_set():
+    if _watchdog is None or _watchdog.stopped.is_set():
+        return
+    # If the store went with rank 0, there is nobody left to tell: the user's own error must go
+    # on unmasked by one from here.
+    with contextlib.suppress(Exception):
         _report(_watchdog, exception, "raised")
 
 
