@@ -26,6 +26,7 @@ from lightning_strategies.checkpoint_io import (
     check_trainer_checkpoint,
     remove_checkpoint_path,
     staged_checkpoint,
+    weights_only_keyword,
 )
 from lightning_strategies.checkpoints import is_local, recover_before_load, staged_save
 from lightning_strategies.errors import CapabilityError, CheckpointError
@@ -509,9 +510,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
         if not (is_local(checkpoint_path) and Path(checkpoint_path).is_dir()):
             check_checkpoint_file(checkpoint_path, self.checkpoint_io, "ColossalAIStrategy")
-            # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
-            extra = {} if weights_only is None else {"weights_only": weights_only}
-            checkpoint = super().load_checkpoint(checkpoint_path, **extra)
+            checkpoint = super().load_checkpoint(checkpoint_path, **weights_only_keyword(weights_only))
             check_trainer_checkpoint(checkpoint, checkpoint_path)
             return checkpoint
         path = Path(checkpoint_path)

@@ -78,6 +78,12 @@ def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
         raise foreign_checkpoint_error(path, strategy, here=ONE_FILE)
 
 
+def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:
+    """``weights_only`` for Lightning's ``load_checkpoint``, passed only when set: Lightning 2.5.0's
+    has no such parameter, and None means torch's default anyway."""
+    return {} if weights_only is None else {"weights_only": weights_only}
+
+
 def check_trainer_checkpoint(checkpoint: Any, path: Any) -> None:
     """Refuse a file that ``torch.load`` reads but that is no Lightning checkpoint (a bare state dict):
     Lightning would fail later with ``KeyError: 'state_dict'``."""

@@ -173,12 +173,6 @@ def _is_legacy_torch_save(path: Path) -> bool:
         return handle.read(len(_LEGACY_TORCH_SAVE_START)) == _LEGACY_TORCH_SAVE_START
 
 
-def check_files(folder: Path, pattern: str = "**/*.pt") -> None:
-    """``check_file`` for every ``torch.save`` file of a checkpoint folder."""
-    for path in sorted(folder.glob(pattern)):
-        check_file(path)
-
-
 _CORRUPT_HINT = (
     "The file was damaged after it was written (checkpoints from this project are published only once "
     "complete). Resume from an earlier checkpoint, or copy this one again from where it came from."

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from lightning_strategies.checkpoints import recover
+from lightning_strategies.checkpoints import recover_before_load
 from lightning_strategies.parameters import check_choice
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
@@ -197,9 +197,7 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
                 f"set-up model in it, got {state!r}."
             )
         path = Path(self.broadcast(str(path)))
-        if self.is_global_zero:
-            recover(path)  # a checkpoint set aside by a save killed between its two renames
-        self.barrier()
+        recover_before_load(path, self.is_global_zero, self.barrier)
         model_key, model = _the_model(state)
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
         rest = checkpoints.load_into(path, model, model_key, optimizers, strict=strict, weights_only=weights_only)

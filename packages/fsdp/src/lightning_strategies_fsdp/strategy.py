@@ -32,7 +32,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_strategies.checkpoints import recover, remove
+from lightning_strategies.checkpoints import recover_before_load, remove
 from lightning_strategies.parameters import check_choice
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -267,9 +267,7 @@ class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, P
         assert self.model is not None
         assert self.lightning_module is not None
         path = Path(self.broadcast(str(checkpoint_path)))
-        if self.is_global_zero:
-            recover(path)  # a checkpoint set aside by a save killed between its two renames
-        self.barrier()
+        recover_before_load(path, self.is_global_zero, self.barrier)
         optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}
         loaded = checkpoints.load_into(
             path,

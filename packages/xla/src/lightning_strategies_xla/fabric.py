@@ -21,7 +21,7 @@ from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
 
-from lightning_strategies.checkpoint_io import check_checkpoint_file, staged_checkpoint
+from lightning_strategies.checkpoint_io import check_checkpoint_file, staged_checkpoint, weights_only_keyword
 from lightning_strategies.checkpoints import recover_before_load, staged_save
 from lightning_strategies.parameters import check_type
 from lightning_strategies.precision import is_stock_precision
@@ -103,9 +103,7 @@ class _OneFileCheckpointsMixin:
         recover_before_load(path, self.is_global_zero, self.barrier)
         refuse_xla_fsdp_shards(path, type(self).__name__)
         check_checkpoint_file(path, self.checkpoint_io, type(self).__name__)
-        # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
-        extra = {} if weights_only is None else {"weights_only": weights_only}
-        return super().load_checkpoint(path, state, strict=strict, **extra)  # type: ignore[misc]
+        return super().load_checkpoint(path, state, strict=strict, **weights_only_keyword(weights_only))  # type: ignore[misc]
 
 
 class XLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
@@ -239,6 +237,4 @@ class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
         target = Path(self.broadcast(path))
         recover_before_load(target, self.is_global_zero, self.barrier)
         check_xla_fsdp_checkpoint(target, self._state_dict_type, self.world_size)
-        # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
-        extra = {} if weights_only is None else {"weights_only": weights_only}
-        return super().load_checkpoint(target, state, strict=strict, **extra)
+        return super().load_checkpoint(target, state, strict=strict, **weights_only_keyword(weights_only))

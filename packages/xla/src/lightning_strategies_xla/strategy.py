@@ -27,6 +27,7 @@ from lightning_strategies.checkpoint_io import (
     check_trainer_checkpoint,
     remove_checkpoint_path,
     staged_checkpoint,
+    weights_only_keyword,
 )
 from lightning_strategies.checkpoints import recover_before_load
 from lightning_strategies.parameters import check_type
@@ -90,9 +91,7 @@ class _CurrentXLAMixin(OwnPrecisionMixin):
         recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
         refuse_xla_fsdp_shards(checkpoint_path, type(self).__name__)
         check_checkpoint_file(checkpoint_path, self.checkpoint_io, type(self).__name__)
-        # Lightning 2.5.0's load_checkpoint has no weights_only parameter.
-        extra = {} if weights_only is None else {"weights_only": weights_only}
-        checkpoint = super().load_checkpoint(checkpoint_path, **extra)  # type: ignore[misc]
+        checkpoint = super().load_checkpoint(checkpoint_path, **weights_only_keyword(weights_only))  # type: ignore[misc]
         check_trainer_checkpoint(checkpoint, checkpoint_path)
         return checkpoint
 
