@@ -14,8 +14,10 @@ package. GPU and TPU sessions are not default: they run on machines that have on
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -28,6 +30,28 @@ MARKERS = {"cpu": "not gpu and not tpu", "gpu": "gpu", "tpu": "tpu"}
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = False
+
+# The CPU sessions together install about 16 GB (the xla one alone 7 GB: torch_xla pins a CUDA
+# build of torch), more than a CI machine may have free. With LIGHTNING_STRATEGIES_DISCARD_ENVS=1,
+# which .ci/run sets, each session deletes its environment when it ends, so one exists at a time.
+DISCARD_ENVS = os.environ.get("LIGHTNING_STRATEGIES_DISCARD_ENVS") == "1"
+
+
+def nox_session(**options) -> Callable:
+    """``nox.session`` for every session here, discarding its environment afterwards where asked."""
+
+    def register(function: Callable[[nox.Session], None]) -> Callable:
+        @functools.wraps(function)
+        def run(session: nox.Session) -> None:
+            try:
+                function(session)
+            finally:
+                if DISCARD_ENVS and session.virtualenv.location:
+                    shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+        return nox.session(**options)(run)
+
+    return register
 
 
 def package_settings(folder: Path) -> dict:
@@ -72,7 +96,7 @@ def make_test_session(folder: Path, dependency_set_name: str, dependency_set: li
     # runner's "-extended" tag instead, so `nox -t cpu-extended` still runs them.
     in_ci = dependency_set_name in settings.get("ci-dependency-sets", [dependency_set_name])
     tests.__doc__ = f"{folder.name} tests on the {runner} runner, dependency set {dependency_set_name!r}"
-    nox.session(
+    nox_session(
         name=f"tests-{folder.name}-{dependency_set_name}-{runner}",
         python=PYTHON,
         tags=[runner if in_ci else f"{runner}-extended", folder.name, "tests"],
@@ -89,7 +113,7 @@ for package_folder in sorted(PACKAGES.iterdir()):
             make_test_session(package_folder, set_name, requirements, runner_name)
 
 
-@nox.session(python=PYTHON, tags=["cpu", "lint"])
+@nox_session(python=PYTHON, tags=["cpu", "lint"])
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
     session.install("ruff")
@@ -97,14 +121,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(python=PYTHON, tags=["cpu", "types"])
+@nox_session(python=PYTHON, tags=["cpu", "types"])
 def types(session: nox.Session) -> None:
     """mypy over core, the package every other one depends on."""
     session.install("mypy", "torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"))
     session.run("mypy", str(PACKAGES / "core" / "src"))
 
 
-@nox.session(python=PYTHON, tags=["cpu", "integration"])
+@nox_session(python=PYTHON, tags=["cpu", "integration"])
 def integration(session: nox.Session) -> None:
     """Built wheels installed into fresh environments, as users install them."""
     # hatchling builds the wheels without build isolation; jsonargparse is LightningCLI's.
@@ -116,7 +140,7 @@ def integration(session: nox.Session) -> None:
                 f"--basetemp={session.create_tmp()}/pytest", "--timeout=1800", *session.posargs)  # fmt: skip
 
 
-@nox.session(python=PYTHON, tags=["cpu", "docs"])
+@nox_session(python=PYTHON, tags=["cpu", "docs"])
 def docs(session: nox.Session) -> None:
     """The documentation site, with warnings as errors; generated reference pages must be current."""
     session.install("mkdocs==1.6.1", str(PACKAGES / "core"))
@@ -124,7 +148,7 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict")
 
 
-@nox.session(python=PYTHON, tags=["demo"], default=False)
+@nox_session(python=PYTHON, tags=["demo"], default=False)
 def demo(session: nox.Session) -> None:
     """Train a small model by strategy name on CPU (default: fsdp on two processes)."""
     session.install("torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"), str(PACKAGES / "fsdp"))
