@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -81,3 +83,13 @@ def test_doctor_reports_the_machine(plugins, capsys):
     assert main(["doctor"]) == 0
     output = capsys.readouterr().out
     assert "torch" in output and "libaio (NVMe offload)" in output and "ninja" in output
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    # `lightning-strategies list | head -3`: the pipe closes before the listing is written.
+    command = [sys.executable, "-m", "lightning_strategies.cli", "list"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -185,10 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = build_parser().parse_args(argv)
     try:
-        return arguments.handler(arguments)
+        status = arguments.handler(arguments)
+        sys.stdout.flush()  # a closed pipe shows up here, where it is handled, not at exit
+        return status
     except (StrategyLookupError, StrategyConflictError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader left early (`lightning-strategies list | head`): stop quietly, and point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command cut off this way
 
 
 if __name__ == "__main__":
