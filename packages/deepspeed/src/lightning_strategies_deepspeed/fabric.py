@@ -25,6 +25,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoint_io import weights_only_keyword
 from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.parameters import check_choice
 from lightning_strategies.ranks import watch_ranks
@@ -277,9 +278,7 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         if isinstance(state, (Module, Optimizer)) or self.load_full_weights:
             if _is_local_file_protocol(path):
                 checkpoints.check_full_weights_file(Path(path))
-            # Lightning 2.5.0's Fabric strategies take no weights_only.
-            extra = {} if weights_only is None else {"weights_only": weights_only}
-            return super().load_checkpoint(path=path, state=state, strict=strict, **extra)
+            return super().load_checkpoint(path=path, state=state, strict=strict, **weights_only_keyword(weights_only))
         if not state:
             raise ValueError(
                 "Pass the objects to restore: fabric.load(path, {'model': model, 'optimizer': optimizer, ...})."
