@@ -84,22 +84,25 @@ def report_failure(exception: BaseException) -> None:
         _report(_watchdog, exception, "raised")
 
 
-def _report(watchdog: _Watchdog, exception: BaseException, how: str) -> None:
+def _report(watchdog: _Watchdog, exception: BaseException, how: str) -> bool:
+    """Record ``exception`` as this rank's failure, unless it echoes another rank's: True then."""
     if isinstance(exception, KeyboardInterrupt | SystemExit):
-        return  # an interrupt reaches every rank of a run; no rank is to blame
+        return False  # an interrupt reaches every rank of a run; no rank is to blame
     recorded = watchdog.failure()
     # A communication error is often the echo of a peer that died: let the watchdog name it first.
     if recorded is None and _looks_like_communication_error(exception) and watchdog.wait_for_failure(watchdog.timeout):
         recorded = watchdog.failure()
     if recorded is not None:
         watchdog.acknowledge()
-        if not recorded.startswith(f"rank {watchdog.rank} "):
-            _say(watchdog.rank, f"the error below follows this failure: {recorded}.")
-        return
+        if recorded.startswith(f"rank {watchdog.rank} "):
+            return False
+        _say(watchdog.rank, f"the error below follows this failure: {recorded}.")
+        return True
     first_line = (str(exception).strip().splitlines() or [""])[0]
     summary = type(exception).__name__ + (f": {first_line}" if first_line else "")
     watchdog.declare(f"rank {watchdog.rank} {how} {summary}")
     watchdog.wait_for_acknowledgements()
+    return False
 
 
 @dataclass
@@ -275,15 +278,22 @@ def _register_exit_handler() -> None:
 def _at_exit() -> None:
     watchdog = _watchdog
     uncaught = getattr(sys, "last_value", None)  # set by the interpreter for an exception nobody caught
+    echo = False
     if watchdog is not None and not watchdog.stopped.is_set():
         try:
             if uncaught is not None:
-                _report(watchdog, uncaught, "exited with an uncaught")
+                echo = _report(watchdog, uncaught, "exited with an uncaught")
             else:
                 watchdog.store.set(f"exited/{watchdog.rank}", "1")
         except Exception:
             pass  # the store went with rank 0; nothing is left to tell
         watchdog.stop()
+    if echo:
+        # This rank's error followed another rank's failure: end with the code of a rank the
+        # watchdog ends, whichever of the two noticed first. The error is printed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)
     if uncaught is None and dist.is_available() and dist.is_initialized():
         # Only after a clean run: destroying a group whose peers failed can block (NCCL).
         dist.destroy_process_group()
