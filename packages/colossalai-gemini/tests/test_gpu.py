@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lightning_strategies.conformance.launching import fresh_launch_environment
+
 pytestmark = pytest.mark.gpu
 SCRIPTS = Path(__file__).parent / "gpu_scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -280,6 +282,7 @@ def test_two_gpus_train_and_resume(tmp_path, state_dict_type, placement, precisi
         [sys.executable, str(SCRIPTS / "two_gpus.py"), str(tmp_path), state_dict_type, placement, precision],
         check=True,
         timeout=900,
+        env=fresh_launch_environment(),  # the one-GPU tests above left their rendezvous in os.environ
     )
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["finite"] and len(result["losses"]) == 6

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import torch
 
+from lightning_strategies.conformance.launching import fresh_launch_environment
+
 HERE = Path(__file__).parent
 PACKAGE = HERE.parent
 # JIT-built DeepSpeed ops (CPUAdam, async I/O) are built once and reused by every run.
@@ -25,10 +27,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def clean_environment() -> dict[str, str]:
-    """The user's environment minus DeepSpeed's accelerator switch: the strategy must choose it."""
-    environment = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    """A fresh launch environment minus DeepSpeed's accelerator switch: the strategy must choose it."""
+    environment = fresh_launch_environment()
+    environment.pop("DS_ACCELERATOR", None)
     environment["TORCH_EXTENSIONS_DIR"] = str(EXTENSIONS_DIR)
-    environment.pop("LOCAL_RANK", None)
     return environment
 
 

@@ -6,14 +6,13 @@ Run on the GPU machine: ``pytest packages/deepspeed/tests -m gpu``. Not run in C
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXTENSIONS_DIR
+from conftest import clean_environment
 
 from lightning_strategies_deepspeed.plugin import NAMES
 
@@ -25,8 +24,7 @@ GPUS = torch.cuda.device_count()
 def launch_gpt(
     tmp_path: Path, name: str, devices: int, precision: str = "bf16-mixed", extra: list[str] = ()
 ) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "TORCH_EXTENSIONS_DIR": str(EXTENSIONS_DIR)}
-    environment.pop("DS_ACCELERATOR", None)
+    environment = clean_environment()
     command = [sys.executable, str(HERE / "gpt_script.py"), "--strategy", name, "--devices", str(devices),
                "--precision", precision, "--nvme-path", str(tmp_path), "--out", str(tmp_path / "result.json"),
                *extra]  # fmt: skip

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lightning_strategies.conformance.launching import fresh_launch_environment
 
 SCENARIOS = Path(__file__).parent / "scripts" / "scenarios.py"
 
@@ -20,7 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def run_group(group: str, out: Path, *extra: str, timeout: int = 400, env: dict[str, str] | None = None) -> Path:
     """Run one scenario group on CPU processes (Lightning launches the second one) and return its output folder."""
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
+    environment = fresh_launch_environment({"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})})
     completed = subprocess.run(
         [sys.executable, str(SCENARIOS), group, str(out), *extra],
         capture_output=True,

@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import read, run_group
 
+from lightning_strategies.conformance.launching import fresh_launch_environment
+
 pytestmark = pytest.mark.gpu
 
 needs_one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -87,3 +89,29 @@ def test_two_gpus_fabric(on_cuda: None, tmp_path: Path) -> None:
     result = read(run_group("fabric", tmp_path / "fabric"), "fabric")
     assert result["loaded_weights_equal"]
     assert result["optimizer_state_loaded"]
+
+
+@needs_two_gpus
+def test_two_gpus_clipping_with_cpu_offload_matches_without(on_cuda: None, tmp_path: Path) -> None:
+    """Offloaded gradients are CPU tensors: their norm must still be reduced across ranks (it was refused
+    on an NCCL-only process group) and clip to the same total norm as gradients held on the GPU."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent / "scripts" / "clipping.py"
+    completed = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=fresh_launch_environment(),
+    )
+    assert completed.returncode == 0, completed.stderr[-6000:]
+    result = json.loads((tmp_path / "clipping.json").read_text())
+    plain, offloaded = result["fsdp"], result["fsdp_cpu_offload"]
+    assert all(norm > result["clip"] for norm in plain["before"])  # every step really clipped
+    assert offloaded["before"] == pytest.approx(plain["before"], rel=1e-4)
+    assert offloaded["after"] == pytest.approx([result["clip"]] * len(plain["after"]), rel=1e-3)
+    assert plain["after"] == pytest.approx(offloaded["after"], rel=1e-4)
+    assert result["weights_close"]

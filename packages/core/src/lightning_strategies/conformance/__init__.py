@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lightning_strategies.conformance.launching import fresh_launch_environment
+
 
 @dataclass
 class CheckReport:
@@ -108,7 +110,12 @@ def _run_basic_tier(report: CheckReport, directory: Path, timeout: float) -> Non
 def _run(command: list[str], timeout: float) -> tuple[int, str]:
     # A new session, so a timeout can end the launched ranks along with the first one.
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=fresh_launch_environment(),
     )
     try:
         output, _ = process.communicate(timeout=timeout)

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_strategies.conformance.launching import fresh_launch_environment
+
 CHECKPOINTS = "checkpoints"  # the scenario run's ModelCheckpoint folder
 FAILED_AT = "failed-at"  # where the failing rank writes the time it failed
 # Where each successive kill lands: at a random point of a last.ckpt save, or of the epoch after one.
@@ -70,7 +72,12 @@ class _Run:
 
     def __post_init__(self) -> None:
         self.process = subprocess.Popen(
-            self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env=fresh_launch_environment(),
         )
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -1,0 +1,36 @@
+"""The environment for launching a fresh group of ranks from a process that may have trained before.
+
+Lightning writes the rendezvous of a run into ``os.environ`` (``MASTER_PORT`` and friends) and
+keeps the process group, with its store listening on that port, until the process exits. A child
+launched afterwards with the same environment reuses the port for its own store and fails with
+EADDRINUSE (seen on two H200s, 2026-11-22: every two-GPU test that followed a one-GPU test in the
+same pytest process). A new group needs a new rendezvous.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+# Set by Lightning's launchers and torchrun for one run; never meaningful to a new group of ranks.
+RENDEZVOUS_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+)
+
+
+def fresh_launch_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without a previous run's rendezvous, plus ``extra``."""
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in RENDEZVOUS_VARIABLES and not key.startswith("TORCHELASTIC_")
+    }
+    environment.update(extra or {})
+    return environment

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The whole GPU tier (colossalai-gemini, deepspeed, fsdp) as one command on a GPU machine, from the
+# wheelhouse: `bash tools/gpu/tier.sh [PACKAGE...]` (default: all three).
+#
+# PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S
+# (240), so one hang cannot eat the whole call. Logs and a summary go to $OUT as they are written,
+# so a killed call still returns them.
+#
+# JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
+# minutes compiling: `.kernels/kernels.tar.gz.part-*` beside the checkout (name `.kernels` in the
+# device tool's carry) is unpacked before the tests, and the cache is packed again into $OUT
+# afterwards, in parts of 15 MiB (the device tool returns files of at most 16 MiB).
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+out=${OUT:-$repo/.gpu-tier}
+mkdir -p "$out"
+source "$repo/tools/gpu/setup.sh" || exit 1
+set +e  # setup.sh sets -e; every package runs even when one fails
+cd "$repo"
+
+kernels=(/tmp/cache/torch_extensions /tmp/cache/colossalai)
+if compgen -G ".kernels/kernels.tar.gz.part-*" >/dev/null; then
+  cat .kernels/kernels.tar.gz.part-* | tar -xzPf - && echo "tier: unpacked the carried kernel cache"
+  # The wheels were just installed, so their sources are newer than the carried objects; ninja
+  # would rebuild them all. The objects were built from these exact wheels: mark them current.
+  find "${kernels[@]}" -exec touch {} + 2>/dev/null
+fi
+
+packages=("$@")
+[ ${#packages[@]} -gt 0 ] || packages=(fsdp colossalai-gemini deepspeed)
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/summary.txt"
+status=0
+for item in "${packages[@]}"; do
+  package=${item%%=*}
+  limit=${item#*=}
+  [ "$limit" != "$item" ] || limit=${TIER_LIMIT_S:-240}
+  start=$(date +%s)
+  timeout "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
+    -p no:cacheprovider 2>&1 | tee "$out/$package.log"
+  code=${PIPESTATUS[0]}
+  [ "$code" -eq 0 ] || status=1
+  counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$out/$package.log" | tail -1)
+  echo "$package: exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" | tee -a "$out/summary.txt"
+  rm -f "$out"/kernels.tar.gz.part-*
+  tar -czPf - "${kernels[@]}" 2>/dev/null | split -b 15m - "$out/kernels.tar.gz.part-"
+done
+cat "$out/summary.txt"
+exit $status
