@@ -58,6 +58,14 @@ def test_list_as_json(plugins, capsys):
     assert listing["clashes"] == {"clashing": ["documented-dist 1.0", "clashing-dist 1.0"]}
 
 
+def test_list_says_which_entry_point_has_each_builtin(plugins, capsys):
+    assert main(["list", "--json"]) == 0
+    supports = {row["name"]: row["supports"] for row in json.loads(capsys.readouterr().out)["strategies"]}
+    assert supports["deepspeed_stage_1_offload"] == "Fabric"
+    assert supports["single_device"] == "Trainer"
+    assert supports["ddp"] == "Trainer+Fabric"
+
+
 def test_info_shows_defaults_with_their_meaning_without_importing_the_class(plugins, capsys):
     assert main(["info", "DOCUMENTED"]) == 0
     output = capsys.readouterr().out

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
-from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES
+from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES, lightning_builtin_entry_points
 from lightning_strategies.registry import StrategyEntry, get_registry, target_text
 
 
@@ -24,7 +24,11 @@ def command_list(arguments: argparse.Namespace) -> int:
     registry = get_registry()
     ours = {entry.name: entry for entry in registry}
     rows = [(entry.name, entry.provider, _flavours(entry), entry.description) for entry in ours.values()]
-    rows += [(name, "Lightning built-in", "", "") for name in LIGHTNING_BUILTIN_NAMES if name not in ours]
+    rows += [
+        (name, "Lightning built-in", "+".join(lightning_builtin_entry_points(name)), "")
+        for name in LIGHTNING_BUILTIN_NAMES
+        if name not in ours
+    ]
     rows.sort()
     not_installed = {
         distribution: [name for name in names if name not in ours]
@@ -68,7 +72,8 @@ def command_info(arguments: argparse.Namespace) -> int:
     name = arguments.name.lower()
     registry = get_registry()
     if name not in registry and name in LIGHTNING_BUILTIN_NAMES:
-        print(f"{name}: a Lightning built-in strategy (see Lightning's documentation).")
+        entry_points = " and ".join(lightning_builtin_entry_points(name))
+        print(f"{name}: a Lightning built-in strategy of {entry_points} (see Lightning's documentation).")
         return 0
     entry = registry.entry(name)
     print(f"{entry.name}: {entry.description}")
