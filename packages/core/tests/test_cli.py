@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from lightning_strategies import hookimpl
 from lightning_strategies.cli import main
@@ -85,6 +86,32 @@ def test_unknown_names_exit_2_with_the_hint(plugins, capsys):
 def test_check_refuses_an_unsupported_accelerator_before_running(plugins, capsys):
     assert main(["check", "documented", "--accelerator", "cuda"]) == 2
     assert "accelerator='cuda' is not supported" in capsys.readouterr().err
+
+
+class AnyAcceleratorPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("any_accelerator", "lightning.pytorch.strategies:DDPStrategy")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--devices", "0"], "--devices 0: the suite needs at least 1 device"),
+        (["--accelerator", "quantum"], "--accelerator 'quantum' is not one of"),
+        pytest.param(
+            ["--accelerator", "cuda"],
+            "this machine has no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
+        ),
+    ],
+)
+def test_check_refuses_impossible_arguments_in_one_line_before_running(add_plugin, capsys, arguments, message):
+    add_plugin(AnyAcceleratorPlugin)
+    assert main(["check", "any_accelerator", *arguments]) == 2
+    captured = capsys.readouterr()
+    assert "Running the conformance suite" not in captured.out
+    assert message in captured.err and captured.err.count("\n") == 1
 
 
 def test_doctor_reports_the_machine(plugins, capsys):

@@ -137,6 +137,7 @@ def command_check(arguments: argparse.Namespace) -> int:
         registry.entry(name).check_capabilities(accelerator=arguments.accelerator, precision=arguments.precision)
     elif name not in LIGHTNING_BUILTIN_NAMES:
         registry.entry(name)  # raises with close matches or the install line
+    _check_devices(arguments.accelerator, arguments.devices)
     print(
         f"Running the conformance suite for {name!r} ({arguments.devices} x {arguments.accelerator}) ...",
         flush=True,
@@ -151,6 +152,32 @@ def command_check(arguments: argparse.Namespace) -> int:
     )
     print(report)
     return 0 if report.passed else 1
+
+
+ACCELERATORS = ("cpu", "cuda", "gpu", "tpu", "mps")
+
+
+def _check_devices(accelerator: str, devices: int) -> None:
+    """Refuse, before any process starts, what this machine cannot give the suite.
+
+    A suite run with impossible arguments would fail every test and blame the strategy.
+    """
+    if devices < 1:
+        raise ValueError(f"--devices {devices}: the suite needs at least 1 device (one process each).")
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"--accelerator {accelerator!r} is not one of: {', '.join(ACCELERATORS)}.")
+    if accelerator in ("cuda", "gpu"):
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available < devices:
+            raise ValueError(
+                f"--accelerator {accelerator} --devices {devices}: this machine has {available} CUDA device(s) "
+                f"(torch {torch.__version__}). Pass --devices {available} or fewer, or --accelerator cpu."
+                if available
+                else f"--accelerator {accelerator}: this machine has no CUDA device (torch {torch.__version__}). "
+                "Use --accelerator cpu, or run the check on a machine with a GPU."
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:
