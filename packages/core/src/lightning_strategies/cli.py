@@ -125,6 +125,8 @@ def command_doctor(arguments: argparse.Namespace) -> int:
     problems = get_registry().problems
     for problem in problems:
         print(f"NO  plugin {problem.plugin!r:<37} {problem.reason}")
+    for message in get_registry().disable_problems:
+        print(f"NO  {'LIGHTNING_STRATEGIES_DISABLE':<44} {message}")
     return 0
 
 

@@ -212,6 +212,7 @@ class StrategyRegistry:
         self._clashes: dict[str, list[StrategyEntry]] = {}
         self.problems: list[PluginProblem] = []
         self.loaded_plugins: list[str] = []
+        self.disable_problems: list[str] = []  # LIGHTNING_STRATEGIES_DISABLE values that matched no plugin
         self.plugin_manager: Any = None  # the pluggy manager that loaded the plugins, for later hooks
 
     def __iter__(self) -> Iterator[StrategyEntry]:
