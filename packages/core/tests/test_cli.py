@@ -76,6 +76,35 @@ def test_info_shows_defaults_with_their_meaning_without_importing_the_class(plug
     assert "parameters:" in output and "timeout=" in output
 
 
+class ExplainedPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register(
+            "explained",
+            "lightning.pytorch.strategies.ddp:DDPStrategy",
+            init_params={"start_method": "spawn"},
+            parameters={
+                "start_method": "How processes start: popen, spawn, fork or forkserver.",
+                "legacy_option": "Kept from the old API; maps to start_method now.",
+            },
+        )
+
+
+def test_info_takes_parameter_meanings_from_the_plugins_metadata(add_plugin, capsys):
+    add_plugin(ExplainedPlugin)
+    assert main(["info", "explained"]) == 0
+    output = capsys.readouterr().out
+    assert "start_method='spawn'\n        How processes start: popen, spawn, fork or forkserver." in output
+    assert "legacy_option\n        Kept from the old API; maps to start_method now." in output
+
+
+def test_register_refuses_parameter_meanings_that_are_not_text(registry):
+    from lightning_strategies.registry import PluginRegistrar
+
+    with pytest.raises(TypeError, match="parameters must map parameter names to their meaning"):
+        PluginRegistrar("bad").register("bad", "a.b:C", parameters={"x": 1})
+
+
 def test_unknown_names_exit_2_with_the_hint(plugins, capsys):
     assert main(["info", "documentd"]) == 2
     assert "Did you mean: 'documented'" in capsys.readouterr().err

@@ -102,18 +102,22 @@ def command_info(arguments: argparse.Namespace) -> int:
 
 
 def _print_parameters(entry: StrategyEntry) -> None:
-    from lightning_strategies.describe import parameter_docs
+    from lightning_strategies.describe import ParameterDoc, parameter_docs
 
     documented = parameter_docs(target_text(entry.target))
+    meanings = dict(entry.parameters or {})
+    # Parameters the plugin documents beyond the signature, such as keywords passed through **kwargs.
+    documented += [ParameterDoc(name, None, "") for name in meanings if name not in {p.name for p in documented}]
     if not documented:
         return
     print("  parameters:")
     for parameter in documented:
-        default = entry.init_params.get(parameter.name, parameter.default)
+        default = repr(entry.init_params[parameter.name]) if parameter.name in entry.init_params else parameter.default
         shown = f"{parameter.name}={default}" if default is not None else parameter.name
         print(f"    {shown}")
-        if parameter.meaning:
-            print(f"        {parameter.meaning}")
+        meaning = meanings.get(parameter.name) or parameter.meaning
+        if meaning:
+            print(f"        {meaning}")
 
 
 def command_doctor(arguments: argparse.Namespace) -> int:

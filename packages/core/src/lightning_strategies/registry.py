@@ -83,6 +83,10 @@ class StrategyEntry:
             strategy stays in use.
         pip_name: The distribution users install to get this name, where it differs from the one
             registering it.
+        parameters: What each constructor parameter means, ``{name: one or two sentences}``, shown by
+            ``lightning-strategies info``. It takes precedence over the ``Args:`` section of the class
+            docstring, and documents what the docstring cannot, such as a parameter kept from an older
+            API and what it maps to now. None: the docstring alone.
         distribution: The installed distribution whose entry point registered the name; None for
             names registered in-process.
         version: That distribution's version.
@@ -101,6 +105,7 @@ class StrategyEntry:
     fabric_target: Target | None = None
     replaces_builtin: bool = False
     pip_name: str | None = None
+    parameters: Mapping[str, str] | None = None
     distribution: str | None = None
     version: str | None = None
     plugin: str | None = None
@@ -196,6 +201,7 @@ _METADATA_FIELDS = frozenset(
         "fabric_target",
         "replaces_builtin",
         "pip_name",
+        "parameters",
     }
 )
 
@@ -385,6 +391,13 @@ class PluginRegistrar:
         for key in ("accelerators", "precisions", "optimizers"):
             if metadata.get(key) is not None:
                 metadata[key] = tuple(metadata[key])
+        parameters = metadata.get("parameters")
+        if parameters is not None:
+            if not isinstance(parameters, Mapping) or not all(
+                isinstance(key, str) and isinstance(value, str) for key, value in parameters.items()
+            ):
+                raise TypeError(f"register({name!r}): parameters must map parameter names to their meaning (str).")
+            metadata["parameters"] = dict(parameters)
         for optimizer in metadata.get("optimizers") or ():
             if ":" not in optimizer:
                 raise ValueError(
