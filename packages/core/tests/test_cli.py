@@ -146,7 +146,31 @@ def test_check_refuses_impossible_arguments_in_one_line_before_running(add_plugi
 def test_doctor_reports_the_machine(plugins, capsys):
     assert main(["doctor"]) == 0
     output = capsys.readouterr().out
-    assert "torch" in output and "libaio (NVMe offload)" in output and "ninja" in output
+    assert "torch" in output and "ninja" in output
+    assert "CPU cores" in output and "GiB memory" in output
+    # libaio is DeepSpeed's need: its package reports it, and none is installed here.
+    assert "libaio" not in output
+
+
+class CudaOnlyPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("needs_cuda", "lightning.pytorch.strategies:DDPStrategy", accelerators=("cuda",))
+
+    @hookimpl
+    def environment_checks():
+        return [("needs_cuda's compiler", False, "apt-get install something")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_doctor_says_which_names_cannot_run_here_and_what_plugins_check(add_plugin, capsys):
+    add_plugin(CudaOnlyPlugin, distribution="cuda-only-dist")
+    add_plugin(AnyAcceleratorPlugin, name="any", distribution="any-dist")
+    assert main(["doctor"]) == 0
+    output = capsys.readouterr().out
+    assert "NO  cuda-only-dist: cannot run here" in output and "needs_cuda: need cuda; this machine has cpu" in output
+    assert "ok  any-dist: runs here" in output
+    assert "needs_cuda's compiler" in output and "apt-get install something" in output
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback():

@@ -121,9 +121,9 @@ def _print_parameters(entry: StrategyEntry) -> None:
 
 
 def command_doctor(arguments: argparse.Namespace) -> int:
-    from lightning_strategies.doctor import backend_findings, machine_findings
+    from lightning_strategies.doctor import backend_findings, machine_findings, strategy_findings
 
-    findings = machine_findings() + backend_findings(get_registry())
+    findings = machine_findings() + strategy_findings(get_registry()) + backend_findings(get_registry())
     for finding in findings:
         print(f"{'ok ' if finding.ok else 'NO '} {finding.what:<44} {finding.detail}")
     problems = get_registry().problems
