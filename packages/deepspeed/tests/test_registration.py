@@ -88,3 +88,14 @@ def test_info_gives_every_parameter_its_meaning(capsys: pytest.CaptureFixture[st
     lines = capsys.readouterr().out.split("  parameters:\n")[1].splitlines()
     assert "    stage=3" in lines[0::2]
     assert all(line.startswith("        ") and line.strip() for line in lines[1::2])
+
+
+def test_doctor_reports_libaio_as_deepspeeds_need() -> None:
+    import ctypes.util
+
+    from lightning_strategies_deepspeed.plugin import environment_checks
+
+    [(what, ok, detail)] = environment_checks()
+    assert what == "libaio (deepspeed NVMe offload)"
+    assert ok is (ctypes.util.find_library("aio") is not None)
+    assert ok or "apt-get install libaio-dev" in detail

@@ -1,5 +1,7 @@
 """Registers the DeepSpeed strategy names with lightning-strategies (imports nothing heavy)."""
 
+import ctypes.util
+
 from lightning_strategies import hookimpl
 
 _TRAINER = "lightning_strategies_deepspeed.strategy:DeepSpeedStrategy"
@@ -108,3 +110,16 @@ def register_strategies(registry):
             pip_name="lightning-strategies-deepspeed",
             parameters=PARAMETERS,
         )
+
+
+@hookimpl
+def environment_checks():
+    # DeepSpeed's async_io op, which NVMe offloading needs, builds against libaio.
+    libaio = ctypes.util.find_library("aio")
+    return [
+        (
+            "libaio (deepspeed NVMe offload)",
+            libaio is not None,
+            libaio or "not found: apt-get install libaio-dev (only deepspeed_stage_3_offload_nvme needs it)",
+        )
+    ]
