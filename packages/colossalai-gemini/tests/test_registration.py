@@ -66,3 +66,19 @@ def test_constructor_docstring_documents_every_parameter():
     }
     parameters = set(inspect.signature(ColossalAIStrategy.__init__).parameters) - {"self"}
     assert parameters <= documented, sorted(parameters - documented)
+
+
+def test_doctor_reports_colossalai_which_core_cannot_see() -> None:
+    # colossalai is installed with --no-deps, so it is not among this distribution's requirements.
+    from importlib import metadata
+
+    from lightning_strategies_colossalai.plugin import environment_checks
+
+    [(what, ok, detail)] = environment_checks()
+    assert what == "lightning-strategies-colossalai-gemini: colossalai"
+    try:
+        installed = metadata.version("colossalai")
+    except metadata.PackageNotFoundError:
+        assert not ok and "pip install --no-deps" in detail
+    else:
+        assert detail.startswith(f"{installed} (tested: ")

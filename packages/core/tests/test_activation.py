@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -134,3 +135,59 @@ def test_a_declared_replacement_lifts_lightnings_cpu_refusal_of_the_name(registr
         assert type(trainer.strategy) is pl.strategies.DDPStrategy
     finally:
         pl.strategies.FSDPStrategy._registered_strategies[:] = ["fsdp", "fsdp_cpu_offload"]
+
+
+def test_a_typo_shows_our_error_alone(registry, lightning_registries):
+    import lightning.pytorch as pl
+
+    activate()
+    with pytest.raises(StrategyLookupError) as error:
+        _trainer(pl, "fsdpp")
+    # Lightning's "invalid strategy name" is not chained in front of ours.
+    assert error.value.__cause__ is None and error.value.__suppress_context__
+    assert "Did you mean: 'fsdp'" in str(error.value)
+    assert "lightning-strategies-xla" not in str(error.value)
+
+
+def test_a_name_of_the_other_entry_point_says_which_one_has_it(registry, add_plugin, lightning_registries):
+    import lightning.fabric
+    import lightning.pytorch as pl
+
+    activate()
+    with pytest.raises(StrategyLookupError, match="built-in strategy of Fabric only; Trainer does not have it"):
+        _trainer(pl, "deepspeed_stage_1_offload")
+
+    class TrainerOnly:
+        @hookimpl
+        def register_strategies(registry):
+            registry.register("trainer_only_ddp", "lightning.pytorch.strategies:DDPStrategy")
+
+    add_plugin(TrainerOnly)
+    activate()
+    with pytest.raises(StrategyLookupError, match="works with Trainer only, not with Fabric") as error:
+        lightning.fabric.Fabric(strategy="trainer_only_ddp", accelerator="cpu", devices=1)
+    assert "Did you mean: 'trainer_only_ddp'" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "accelerator", "distribution"),
+    [
+        ("deepspeed_stage_2", "cpu", "lightning-strategies-deepspeed"),  # Lightning's DeepSpeed is CUDA-only
+        ("xla", "cpu", "lightning-strategies-xla"),
+        pytest.param(
+            "xla",
+            "tpu",
+            "lightning-strategies-xla",
+            marks=pytest.mark.skipif(importlib.util.find_spec("torch_xla") is not None, reason="torch_xla present"),
+        ),  # Lightning's TPU accelerator asks for torch_xla
+    ],
+)
+def test_a_builtin_name_of_a_missing_package_names_that_package(
+    registry, lightning_registries, name, accelerator, distribution
+):
+    import lightning.pytorch as pl
+
+    activate()
+    with pytest.raises(StrategyLookupError, match=f"pip install {distribution}$") as error:
+        _trainer(pl, name, accelerator=accelerator)
+    assert "Lightning's own" in str(error.value)

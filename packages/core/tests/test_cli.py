@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from lightning_strategies import hookimpl
 from lightning_strategies.cli import main
@@ -58,6 +59,14 @@ def test_list_as_json(plugins, capsys):
     assert listing["clashes"] == {"clashing": ["documented-dist 1.0", "clashing-dist 1.0"]}
 
 
+def test_list_says_which_entry_point_has_each_builtin(plugins, capsys):
+    assert main(["list", "--json"]) == 0
+    supports = {row["name"]: row["supports"] for row in json.loads(capsys.readouterr().out)["strategies"]}
+    assert supports["deepspeed_stage_1_offload"] == "Fabric"
+    assert supports["single_device"] == "Trainer"
+    assert supports["ddp"] == "Trainer+Fabric"
+
+
 def test_info_shows_defaults_with_their_meaning_without_importing_the_class(plugins, capsys):
     assert main(["info", "DOCUMENTED"]) == 0
     output = capsys.readouterr().out
@@ -65,6 +74,35 @@ def test_info_shows_defaults_with_their_meaning_without_importing_the_class(plug
     assert "accelerators:  cpu" in output
     assert "process_group_backend='gloo'" in output
     assert "parameters:" in output and "timeout=" in output
+
+
+class ExplainedPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register(
+            "explained",
+            "lightning.pytorch.strategies.ddp:DDPStrategy",
+            init_params={"start_method": "spawn"},
+            parameters={
+                "start_method": "How processes start: popen, spawn, fork or forkserver.",
+                "legacy_option": "Kept from the old API; maps to start_method now.",
+            },
+        )
+
+
+def test_info_takes_parameter_meanings_from_the_plugins_metadata(add_plugin, capsys):
+    add_plugin(ExplainedPlugin)
+    assert main(["info", "explained"]) == 0
+    output = capsys.readouterr().out
+    assert "start_method='spawn'\n        How processes start: popen, spawn, fork or forkserver." in output
+    assert "legacy_option\n        Kept from the old API; maps to start_method now." in output
+
+
+def test_register_refuses_parameter_meanings_that_are_not_text(registry):
+    from lightning_strategies.registry import PluginRegistrar
+
+    with pytest.raises(TypeError, match="parameters must map parameter names to their meaning"):
+        PluginRegistrar("bad").register("bad", "a.b:C", parameters={"x": 1})
 
 
 def test_unknown_names_exit_2_with_the_hint(plugins, capsys):
@@ -79,10 +117,60 @@ def test_check_refuses_an_unsupported_accelerator_before_running(plugins, capsys
     assert "accelerator='cuda' is not supported" in capsys.readouterr().err
 
 
+class AnyAcceleratorPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("any_accelerator", "lightning.pytorch.strategies:DDPStrategy")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--devices", "0"], "--devices 0: the suite needs at least 1 device"),
+        (["--accelerator", "quantum"], "--accelerator 'quantum' is not one of"),
+        pytest.param(
+            ["--accelerator", "cuda"],
+            "this machine has no CUDA device",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA"),
+        ),
+    ],
+)
+def test_check_refuses_impossible_arguments_in_one_line_before_running(add_plugin, capsys, arguments, message):
+    add_plugin(AnyAcceleratorPlugin)
+    assert main(["check", "any_accelerator", *arguments]) == 2
+    captured = capsys.readouterr()
+    assert "Running the conformance suite" not in captured.out
+    assert message in captured.err and captured.err.count("\n") == 1
+
+
 def test_doctor_reports_the_machine(plugins, capsys):
     assert main(["doctor"]) == 0
     output = capsys.readouterr().out
-    assert "torch" in output and "libaio (NVMe offload)" in output and "ninja" in output
+    assert "torch" in output and "ninja" in output
+    assert "CPU cores" in output and "GiB memory" in output
+    # libaio is DeepSpeed's need: its package reports it, and none is installed here.
+    assert "libaio" not in output
+
+
+class CudaOnlyPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("needs_cuda", "lightning.pytorch.strategies:DDPStrategy", accelerators=("cuda",))
+
+    @hookimpl
+    def environment_checks():
+        return [("needs_cuda's compiler", False, "apt-get install something")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_doctor_says_which_names_cannot_run_here_and_what_plugins_check(add_plugin, capsys):
+    add_plugin(CudaOnlyPlugin, distribution="cuda-only-dist")
+    add_plugin(AnyAcceleratorPlugin, name="any", distribution="any-dist")
+    assert main(["doctor"]) == 0
+    output = capsys.readouterr().out
+    assert "NO  cuda-only-dist: cannot run here" in output and "needs_cuda: need cuda; this machine has cpu" in output
+    assert "ok  any-dist: runs here" in output
+    assert "needs_cuda's compiler" in output and "apt-get install something" in output
 
 
 def test_a_reader_that_leaves_early_gets_no_traceback():

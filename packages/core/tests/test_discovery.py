@@ -43,13 +43,67 @@ def test_installed_plugins_are_found_and_broken_ones_reported(distributions):
 
 
 @pytest.mark.parametrize(
-    ("disable", "expected"), [("sound", False), ("broken,sound", False), ("*", False), ("other", True)]
+    ("disable", "expected"),
+    [
+        ("sound", False),
+        ("broken,sound", False),
+        ("*", False),
+        ("other", True),
+        ("sound-dist", False),  # the distribution name, as pip knows it
+        ("Sound_Dist", False),
+        ("broken sound", False),
+    ],
 )
 def test_entry_points_can_be_disabled(distributions, monkeypatch, disable, expected):
     monkeypatch.setenv("LIGHTNING_STRATEGIES_DISABLE", disable)
     registry = StrategyRegistry()
     load_installed_plugins(registry)
     assert ("sound" in registry) is expected
+
+
+@pytest.mark.parametrize(
+    ("disable", "hint"),
+    [
+        ("soundd", "Did you mean 'sound'?"),
+        ("sound_plugin", "It takes entry-point or distribution names"),
+    ],
+)
+def test_disable_values_that_match_nothing_are_reported(distributions, monkeypatch, capsys, disable, hint):
+    monkeypatch.setenv("LIGHTNING_STRATEGIES_DISABLE", disable)
+    registry = StrategyRegistry()
+    load_installed_plugins(registry)
+    assert "sound" in registry
+    assert len(registry.disable_problems) == 1
+    assert f"LIGHTNING_STRATEGIES_DISABLE={disable!r} matches no installed plugin" in registry.disable_problems[0]
+    assert hint in registry.disable_problems[0]
+
+
+def test_a_strategy_name_in_disable_names_its_plugin(tmp_path, on_path, monkeypatch):
+    module = SOUND["sound_plugin"].replace('"sound"', '"team_ddp"').replace("sound_plugin", "team_plugin")
+    folder = write_distribution(tmp_path / "site", "team-dist", {"team_plugin": module}, {"team": "team_plugin"})
+    on_path(folder)
+    monkeypatch.setenv("LIGHTNING_STRATEGIES_DISABLE", "team_ddp")
+    registry = StrategyRegistry()
+    load_installed_plugins(registry)
+    assert (
+        "'team_ddp' is a strategy name; its plugin is 'team': LIGHTNING_STRATEGIES_DISABLE=team"
+        in (registry.disable_problems[0])
+    )
+
+
+def test_unmatched_disable_values_reach_stderr_and_doctor(distributions):
+    import os
+
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_strategies.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LIGHTNING_STRATEGIES_DISABLE": "lightning-strategies-nonesuch"},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "'lightning-strategies-nonesuch' matches no installed plugin" in result.stderr
+    assert "'lightning-strategies-nonesuch' matches no installed plugin" in result.stdout
 
 
 def _fresh_python(code: str, **env: str) -> str:

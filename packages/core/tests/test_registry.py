@@ -198,3 +198,21 @@ def test_two_entry_points_of_one_distribution_claiming_a_name_clash(registry, ad
     add_plugin(AcmeCopy, name="second", distribution="acme-dist")
     with pytest.raises(StrategyConflictError, match=r"acme-dist 1\.0 and acme-dist 1\.0"):
         registry.entry("acme")
+
+
+def test_a_typo_suggests_installing_only_the_package_of_its_closest_match(registry):
+    message = registry.unknown_name_message("fsdpp")
+    assert "Did you mean: 'fsdp'" in message
+    assert "pip install lightning-strategies-fsdp" in message
+    assert "lightning-strategies-xla" not in message
+
+
+def test_a_name_of_the_other_entry_point_says_which_one_has_it(registry, add_plugin):
+    message = registry.unknown_name_message("deepspeed_stage_1_offload", namespace="lightning.pytorch")
+    assert "built-in strategy of Fabric only; Trainer does not have it" in message
+    assert "'deepspeed_stage_1_offload'?" not in message  # no longer suggested to itself
+
+    add_plugin(AcmePlugin)  # registered without a Fabric class
+    message = registry.unknown_name_message("acme", namespace="lightning.fabric")
+    assert "works with Trainer only, not with Fabric" in message
+    assert "Did you mean: 'acme'" not in message

@@ -71,3 +71,31 @@ def test_unsupported_accelerator_is_refused_before_import(accelerator):
 
     with pytest.raises(CapabilityError, match="supported: cpu, cuda"):
         get_registry().entry("deepspeed").check_capabilities(accelerator=accelerator)
+
+
+def test_info_gives_every_parameter_its_meaning(capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_strategies.cli import main
+    from lightning_strategies.describe import parameter_docs
+    from lightning_strategies_deepspeed.plugin import PARAMETERS
+
+    for target in (
+        "lightning_strategies_deepspeed.strategy:DeepSpeedStrategy",
+        "lightning_strategies_deepspeed.fabric:DeepSpeedFabricStrategy",
+    ):
+        documented = parameter_docs(target)
+        assert documented and {parameter.name for parameter in documented} <= set(PARAMETERS), target
+    assert main(["info", "deepspeed_stage_3"]) == 0
+    lines = capsys.readouterr().out.split("  parameters:\n")[1].splitlines()
+    assert "    stage=3" in lines[0::2]
+    assert all(line.startswith("        ") and line.strip() for line in lines[1::2])
+
+
+def test_doctor_reports_libaio_as_deepspeeds_need() -> None:
+    import ctypes.util
+
+    from lightning_strategies_deepspeed.plugin import environment_checks
+
+    [(what, ok, detail)] = environment_checks()
+    assert what == "libaio (deepspeed NVMe offload)"
+    assert ok is (ctypes.util.find_library("aio") is not None)
+    assert ok or "apt-get install libaio-dev" in detail

@@ -130,6 +130,27 @@ def test_fsdp1_only_settings_warn() -> None:
     assert any("device_id" in message for message in messages)
 
 
+@pytest.mark.parametrize("value", ["BACKWARD_PRE", "backward_pre"])
+def test_backward_prefetch_pre_warns_that_fsdp2_always_does_it(value: str) -> None:
+    with pytest.warns(ObsoleteParameterWarning, match="FSDP2 always issues the next module's all-gather"):
+        parse_options(backward_prefetch=value)
+
+
+def test_info_gives_every_parameter_its_meaning_and_fsdp1_mapping(capsys: pytest.CaptureFixture[str]) -> None:
+    from lightning_strategies.cli import main
+    from lightning_strategies.describe import parameter_docs
+    from lightning_strategies_fsdp.plugin import PARAMETERS, TRAINER_TARGET
+
+    for target in (TRAINER_TARGET, "lightning_strategies_fsdp.fabric:FSDP2FabricStrategy"):
+        assert {parameter.name for parameter in parameter_docs(target)} - {"kwargs"} <= set(PARAMETERS), target
+    assert main(["info", "fsdp_shard_grad_op"]) == 0
+    lines = capsys.readouterr().out.split("  parameters:\n")[1].splitlines()
+    names = lines[0::2]
+    assert len(names) >= len(PARAMETERS) - 2 and all(line.startswith("        ") for line in lines[1::2])
+    assert "    sharding_strategy='SHARD_GRAD_OP'" in names
+    assert lines[names.index("    backward_prefetch=None") * 2 + 1].strip().startswith("FSDP1: BackwardPrefetch.")
+
+
 def test_hybrid_mesh_must_match_the_world_size() -> None:
     from lightning_strategies_fsdp.options import mesh_shape
 

@@ -40,3 +40,24 @@ def register_strategies(registry):
             init_params={"placement_policy": placement},
             **_CAPABILITIES,
         )
+
+
+@hookimpl
+def environment_checks():
+    # colossalai is installed beside this package with --no-deps, so core's check of the declared
+    # requirements does not see it.
+    from importlib import metadata
+
+    from packaging.version import Version
+
+    from lightning_strategies_colossalai.backend import DISTRIBUTION, INSTALL_HINT, SUPPORTED
+
+    what = f"{DISTRIBUTION}: colossalai"
+    try:
+        installed = metadata.version("colossalai")
+    except metadata.PackageNotFoundError:
+        return [(what, False, f"not installed: {INSTALL_HINT}")]
+    detail = f"{installed} (tested: {SUPPORTED})"
+    if Version(installed) not in SUPPORTED:
+        return [(what, False, f"{detail}; install a tested version: {INSTALL_HINT}")]
+    return [(what, True, detail)]

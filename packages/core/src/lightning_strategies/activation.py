@@ -17,7 +17,12 @@ from types import ModuleType
 from typing import Any
 
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
-from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES
+from lightning_strategies.known import (
+    LIGHTNING_BUILTIN_ACCELERATORS,
+    LIGHTNING_BUILTIN_NAMES,
+    PROJECT_PACKAGES,
+    providing_distribution,
+)
 from lightning_strategies.registry import StrategyRegistry, clash_message, get_registry
 
 log = logging.getLogger(__name__)
@@ -29,12 +34,12 @@ _REGISTRY_MODULES = {
     "lightning.fabric.strategies": ("lightning.fabric", "STRATEGY_REGISTRY"),
     "lightning_fabric.strategies": ("lightning_fabric", "STRATEGY_REGISTRY"),
 }
-# connector module -> connector class
+# connector module -> (namespace, connector class)
 _CONNECTOR_MODULES = {
-    "lightning.pytorch.trainer.connectors.accelerator_connector": "_AcceleratorConnector",
-    "pytorch_lightning.trainer.connectors.accelerator_connector": "_AcceleratorConnector",
-    "lightning.fabric.connector": "_Connector",
-    "lightning_fabric.connector": "_Connector",
+    "lightning.pytorch.trainer.connectors.accelerator_connector": ("lightning.pytorch", "_AcceleratorConnector"),
+    "pytorch_lightning.trainer.connectors.accelerator_connector": ("pytorch_lightning", "_AcceleratorConnector"),
+    "lightning.fabric.connector": ("lightning.fabric", "_Connector"),
+    "lightning_fabric.connector": ("lightning_fabric", "_Connector"),
 }
 # Lightning refuses some built-in names on CPU by name, before any strategy exists. A plugin that
 # replaces the name replaces the strategy, so the name is taken off these lists.
@@ -67,7 +72,8 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
             namespace, attribute = _REGISTRY_MODULES[module_name]
             fill_lightning_registry(getattr(module, attribute), namespace)
         if module_name in _CONNECTOR_MODULES:
-            _patch_connector(getattr(module, _CONNECTOR_MODULES[module_name]))
+            namespace, class_name = _CONNECTOR_MODULES[module_name]
+            _patch_connector(getattr(module, class_name), namespace)
         if module_name in _BUILTIN_NAME_GUARDS:
             _lift_builtin_name_guard(module, *_BUILTIN_NAME_GUARDS[module_name])
         plugins = get_registry().plugin_manager
@@ -145,11 +151,13 @@ def _accelerator_name(accelerator: Any) -> str | None:
     return {"xla": "tpu"}.get(name, name)
 
 
-def _patch_connector(connector: Any) -> None:
+def _patch_connector(connector: Any, namespace: str) -> None:
     """Wrap the connector steps that validate the strategy flag and build the strategy."""
     if getattr(connector, "_lightning_strategies_patched", False):
         return
     check_flags = connector._check_config_and_set_final_flags
+    init_accelerator = connector._set_parallel_devices_and_init_accelerator
+    check_fallback = connector._check_strategy_and_fallback
     init_strategy = connector._init_strategy
 
     @functools.wraps(check_flags)
@@ -160,9 +168,24 @@ def _patch_connector(connector: Any) -> None:
             strategy = kwargs.get("strategy", args[0] if args else None)
             if isinstance(strategy, str) and "invalid strategy name" in str(error):
                 lightning_names = getattr(self, "_registered_strategies", ())
-                message = get_registry().unknown_name_message(strategy.lower(), lightning_names)
-                raise StrategyLookupError(message) from error
+                message = get_registry().unknown_name_message(strategy.lower(), lightning_names, namespace)
+                # Ours replaces Lightning's: its list of choices misses our names and the install line.
+                raise StrategyLookupError(message) from None
             raise
+
+    @functools.wraps(init_accelerator)
+    def set_parallel_devices_and_init_accelerator(self: Any) -> Any:
+        try:
+            return init_accelerator(self)
+        except ImportError as error:  # Lightning's TPU accelerator asks for torch_xla, and not for our package
+            if isinstance(self._strategy_flag, str) and _builtin_stands_in(self._strategy_flag):
+                raise StrategyLookupError(_stand_in_message(self._strategy_flag, f"failed: {error}")) from None
+            raise
+
+    @functools.wraps(check_fallback)
+    def check_strategy_and_fallback(self: Any) -> Any:
+        _refuse_builtin_stand_in(self._strategy_flag, _accelerator_name(self._accelerator_flag))
+        return check_fallback(self)
 
     @functools.wraps(init_strategy)
     def init_strategy_checked(self: Any) -> Any:
@@ -173,8 +196,50 @@ def _patch_connector(connector: Any) -> None:
             get_registry().entry(name).check_capabilities(
                 accelerator=_accelerator_name(self._accelerator_flag), precision=precision
             )
+        if isinstance(name, str) and _builtin_stands_in(name):
+            try:
+                return init_strategy(self)
+            except Exception as error:
+                raise StrategyLookupError(_stand_in_message(name, f"failed: {error}")) from None
         return init_strategy(self)
 
     connector._check_config_and_set_final_flags = check_config_and_set_final_flags
+    connector._set_parallel_devices_and_init_accelerator = set_parallel_devices_and_init_accelerator
+    connector._check_strategy_and_fallback = check_strategy_and_fallback
     connector._init_strategy = init_strategy_checked
     connector._lightning_strategies_patched = True
+
+
+def _builtin_stands_in(name: str) -> bool:
+    """Whether Lightning's own strategy answers a name that a package of ours, not installed, provides."""
+    name = name.lower()
+    return name in LIGHTNING_BUILTIN_NAMES and name not in get_registry() and providing_distribution(name) is not None
+
+
+def _refuse_builtin_stand_in(name: Any, accelerator: str | None) -> None:
+    """Refuse, before Lightning builds it, a stand-in built-in on an accelerator it cannot run on.
+
+    Lightning's own strategy would fail only later (at fit, or asking for a backend that does not
+    help on this accelerator); the package of ours that provides the name is what the user needs.
+    """
+    if not isinstance(name, str) or not _builtin_stands_in(name) or accelerator is None:
+        return
+    runs_on = LIGHTNING_BUILTIN_ACCELERATORS.get(name.lower())
+    if runs_on and _accelerator_family(accelerator) not in runs_on:
+        raise StrategyLookupError(
+            _stand_in_message(name, f"runs only on {', '.join(runs_on)}, not on accelerator={accelerator!r}")
+        )
+
+
+def _accelerator_family(accelerator: str) -> str:
+    return {"gpu": "cuda", "xla": "tpu"}.get(accelerator, accelerator)
+
+
+def _stand_in_message(name: str, problem: str) -> str:
+    name = name.lower()
+    distribution = providing_distribution(name)
+    return (
+        f"Strategy {name!r} is provided by the {distribution} package, which is not installed (or was "
+        f"disabled), so Lightning's own {name!r} strategy answered, and it {problem.rstrip('.')}. "
+        f"Rather than Lightning's advice, install {distribution}, which provides {name!r}: pip install {distribution}"
+    )

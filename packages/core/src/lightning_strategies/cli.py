@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
-from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES
+from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES, lightning_builtin_entry_points
 from lightning_strategies.registry import StrategyEntry, get_registry, target_text
 
 
@@ -24,7 +24,11 @@ def command_list(arguments: argparse.Namespace) -> int:
     registry = get_registry()
     ours = {entry.name: entry for entry in registry}
     rows = [(entry.name, entry.provider, _flavours(entry), entry.description) for entry in ours.values()]
-    rows += [(name, "Lightning built-in", "", "") for name in LIGHTNING_BUILTIN_NAMES if name not in ours]
+    rows += [
+        (name, "Lightning built-in", "+".join(lightning_builtin_entry_points(name)), "")
+        for name in LIGHTNING_BUILTIN_NAMES
+        if name not in ours
+    ]
     rows.sort()
     not_installed = {
         distribution: [name for name in names if name not in ours]
@@ -68,7 +72,8 @@ def command_info(arguments: argparse.Namespace) -> int:
     name = arguments.name.lower()
     registry = get_registry()
     if name not in registry and name in LIGHTNING_BUILTIN_NAMES:
-        print(f"{name}: a Lightning built-in strategy (see Lightning's documentation).")
+        entry_points = " and ".join(lightning_builtin_entry_points(name))
+        print(f"{name}: a Lightning built-in strategy of {entry_points} (see Lightning's documentation).")
         return 0
     entry = registry.entry(name)
     print(f"{entry.name}: {entry.description}")
@@ -97,29 +102,35 @@ def command_info(arguments: argparse.Namespace) -> int:
 
 
 def _print_parameters(entry: StrategyEntry) -> None:
-    from lightning_strategies.describe import parameter_docs
+    from lightning_strategies.describe import ParameterDoc, parameter_docs
 
     documented = parameter_docs(target_text(entry.target))
+    meanings = dict(entry.parameters or {})
+    # Parameters the plugin documents beyond the signature, such as keywords passed through **kwargs.
+    documented += [ParameterDoc(name, None, "") for name in meanings if name not in {p.name for p in documented}]
     if not documented:
         return
     print("  parameters:")
     for parameter in documented:
-        default = entry.init_params.get(parameter.name, parameter.default)
+        default = repr(entry.init_params[parameter.name]) if parameter.name in entry.init_params else parameter.default
         shown = f"{parameter.name}={default}" if default is not None else parameter.name
         print(f"    {shown}")
-        if parameter.meaning:
-            print(f"        {parameter.meaning}")
+        meaning = meanings.get(parameter.name) or parameter.meaning
+        if meaning:
+            print(f"        {meaning}")
 
 
 def command_doctor(arguments: argparse.Namespace) -> int:
-    from lightning_strategies.doctor import backend_findings, machine_findings
+    from lightning_strategies.doctor import backend_findings, machine_findings, strategy_findings
 
-    findings = machine_findings() + backend_findings(get_registry())
+    findings = machine_findings() + strategy_findings(get_registry()) + backend_findings(get_registry())
     for finding in findings:
         print(f"{'ok ' if finding.ok else 'NO '} {finding.what:<44} {finding.detail}")
     problems = get_registry().problems
     for problem in problems:
         print(f"NO  plugin {problem.plugin!r:<37} {problem.reason}")
+    for message in get_registry().disable_problems:
+        print(f"NO  {'LIGHTNING_STRATEGIES_DISABLE':<44} {message}")
     return 0
 
 
@@ -132,6 +143,7 @@ def command_check(arguments: argparse.Namespace) -> int:
         registry.entry(name).check_capabilities(accelerator=arguments.accelerator, precision=arguments.precision)
     elif name not in LIGHTNING_BUILTIN_NAMES:
         registry.entry(name)  # raises with close matches or the install line
+    _check_devices(arguments.accelerator, arguments.devices)
     print(
         f"Running the conformance suite for {name!r} ({arguments.devices} x {arguments.accelerator}) ...",
         flush=True,
@@ -146,6 +158,32 @@ def command_check(arguments: argparse.Namespace) -> int:
     )
     print(report)
     return 0 if report.passed else 1
+
+
+ACCELERATORS = ("cpu", "cuda", "gpu", "tpu", "mps")
+
+
+def _check_devices(accelerator: str, devices: int) -> None:
+    """Refuse, before any process starts, what this machine cannot give the suite.
+
+    A suite run with impossible arguments would fail every test and blame the strategy.
+    """
+    if devices < 1:
+        raise ValueError(f"--devices {devices}: the suite needs at least 1 device (one process each).")
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"--accelerator {accelerator!r} is not one of: {', '.join(ACCELERATORS)}.")
+    if accelerator in ("cuda", "gpu"):
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available < devices:
+            raise ValueError(
+                f"--accelerator {accelerator} --devices {devices}: this machine has {available} CUDA device(s) "
+                f"(torch {torch.__version__}). Pass --devices {available} or fewer, or --accelerator cpu."
+                if available
+                else f"--accelerator {accelerator}: this machine has no CUDA device (torch {torch.__version__}). "
+                "Use --accelerator cpu, or run the check on a machine with a GPU."
+            )
 
 
 def build_parser() -> argparse.ArgumentParser:

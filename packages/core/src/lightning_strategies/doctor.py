@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import ctypes.util
 import importlib.util
+import os
 import platform
 import shutil
 import subprocess
@@ -13,7 +13,7 @@ from importlib import metadata
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from lightning_strategies.registry import StrategyRegistry
+from lightning_strategies.registry import StrategyEntry, StrategyRegistry
 
 
 @dataclass
@@ -44,13 +44,24 @@ def machine_findings() -> list[Finding]:
         return findings
     cuda = torch.cuda.is_available()
     cuda_detail = (
-        f"CUDA {torch.version.cuda}, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+        f"CUDA {torch.version.cuda}"
         if cuda
         else f"no CUDA device (torch built with CUDA {torch.version.cuda})"
         if torch.version.cuda
         else "CPU-only build"
     )
     findings.append(Finding("torch", True, f"{torch.__version__}; {cuda_detail}"))
+    findings.append(Finding("host", True, _host_detail()))
+    for index in range(torch.cuda.device_count() if cuda else 0):
+        properties = torch.cuda.get_device_properties(index)
+        findings.append(
+            Finding(
+                f"CUDA device {index}",
+                True,
+                f"{properties.name}, {properties.total_memory / 2**30:.1f} GiB, "
+                f"compute capability {properties.major}.{properties.minor}",
+            )
+        )
     for distribution in ("lightning", "pytorch-lightning"):
         version = _version(distribution)
         findings.append(
@@ -68,10 +79,57 @@ def machine_findings() -> list[Finding]:
             nvcc or "not found (needed only for CUDA kernels)",
         )
     )
-    libaio = ctypes.util.find_library("aio")
-    findings.append(
-        Finding("libaio (NVMe offload)", libaio is not None, libaio or "not found: apt-get install libaio-dev")
-    )
+    return findings
+
+
+def _host_detail() -> str:
+    cores = os.cpu_count() or 0
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not every platform reports it
+        return f"{cores} CPU cores"
+    return f"{cores} CPU cores, {memory / 2**30:.1f} GiB memory"
+
+
+def available_accelerators() -> dict[str, str]:
+    """The accelerators a strategy could use here, with what was found (Lightning's names)."""
+    found = {"cpu": f"{os.cpu_count() or 0} cores"}
+    try:
+        import torch
+    except ImportError:
+        return found
+    if torch.cuda.is_available():
+        found["cuda"] = f"{torch.cuda.device_count()} device(s)"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        found["mps"] = "available"
+    if importlib.util.find_spec("torch_xla") is not None:
+        found["tpu"] = "torch_xla installed"
+    return found
+
+
+def strategy_findings(registry: StrategyRegistry) -> list[Finding]:
+    """For each installed strategy distribution, whether its names can run on this machine, from their
+    declared accelerators."""
+    here = available_accelerators()
+    by_provider: dict[str, list[StrategyEntry]] = {}
+    for entry in registry:
+        by_provider.setdefault(entry.distribution or entry.provider, []).append(entry)
+    findings = []
+    for provider, entries in sorted(by_provider.items()):
+        runnable = [entry.name for entry in entries if not entry.accelerators or set(entry.accelerators) & set(here)]
+        blocked = [entry for entry in entries if entry.name not in runnable]
+        if runnable:
+            findings.append(Finding(f"{provider}: runs here", True, ", ".join(runnable)))
+        if blocked:
+            needed = sorted({accelerator for entry in blocked for accelerator in entry.accelerators or ()})
+            findings.append(
+                Finding(
+                    f"{provider}: cannot run here",
+                    False,
+                    f"{', '.join(entry.name for entry in blocked)}: need {' or '.join(needed)}; this machine has "
+                    f"{', '.join(f'{name} ({detail})' for name, detail in here.items())}",
+                )
+            )
     return findings
 
 

@@ -32,40 +32,59 @@ PROJECT_PACKAGES: dict[str, tuple[str, ...]] = {
     "lightning-strategies-xla": ("xla", "xla_debug", "single_xla", "xla_fsdp"),
 }
 
-# Strategy names Lightning 2.6 registers itself, in lightning.pytorch and lightning.fabric together.
-LIGHTNING_BUILTIN_NAMES: frozenset[str] = frozenset(
+# Strategy names Lightning 2.6 registers itself, per entry point: the Trainer (lightning.pytorch)
+# and Fabric (lightning.fabric) do not accept the same names.
+_LIGHTNING_SHARED_NAMES = frozenset(
     {
         "ddp",
-        "ddp_find_unused_parameters_false",
         "ddp_find_unused_parameters_true",
         "ddp_fork",
-        "ddp_fork_find_unused_parameters_false",
-        "ddp_fork_find_unused_parameters_true",
         "ddp_notebook",
-        "ddp_notebook_find_unused_parameters_false",
-        "ddp_notebook_find_unused_parameters_true",
         "ddp_spawn",
-        "ddp_spawn_find_unused_parameters_false",
-        "ddp_spawn_find_unused_parameters_true",
         "deepspeed",
         "deepspeed_stage_1",
-        "deepspeed_stage_1_offload",
         "deepspeed_stage_2",
         "deepspeed_stage_2_offload",
         "deepspeed_stage_3",
         "deepspeed_stage_3_offload",
         "deepspeed_stage_3_offload_nvme",
-        "dp",
         "fsdp",
         "fsdp_cpu_offload",
-        "single_device",
         "single_tpu",
         "single_xla",
         "xla",
-        "xla_debug",
-        "xla_fsdp",
     }
 )
+LIGHTNING_TRAINER_NAMES: frozenset[str] = _LIGHTNING_SHARED_NAMES | {
+    "ddp_find_unused_parameters_false",
+    "ddp_fork_find_unused_parameters_false",
+    "ddp_fork_find_unused_parameters_true",
+    "ddp_notebook_find_unused_parameters_false",
+    "ddp_notebook_find_unused_parameters_true",
+    "ddp_spawn_find_unused_parameters_false",
+    "ddp_spawn_find_unused_parameters_true",
+    "single_device",
+    "xla_debug",
+}
+LIGHTNING_FABRIC_NAMES: frozenset[str] = _LIGHTNING_SHARED_NAMES | {"deepspeed_stage_1_offload", "dp", "xla_fsdp"}
+LIGHTNING_BUILTIN_NAMES: frozenset[str] = LIGHTNING_TRAINER_NAMES | LIGHTNING_FABRIC_NAMES
+
+# The accelerators Lightning's own strategy behind a name runs on, for the built-in names this
+# project's packages replace: where such a package is missing, Lightning's strategy answers the
+# name, and on any other accelerator it fails only later, with advice that leads nowhere.
+LIGHTNING_BUILTIN_ACCELERATORS: dict[str, tuple[str, ...]] = {
+    **{name: ("cuda",) for name in LIGHTNING_BUILTIN_NAMES if name.startswith(("deepspeed", "fsdp"))},
+    **{name: ("tpu",) for name in LIGHTNING_BUILTIN_NAMES if "xla" in name or "tpu" in name},
+}
+
+
+def lightning_builtin_entry_points(name: str) -> tuple[str, ...]:
+    """The Lightning entry points ("Trainer", "Fabric") that have ``name`` built in."""
+    return tuple(
+        entry_point
+        for entry_point, names in (("Trainer", LIGHTNING_TRAINER_NAMES), ("Fabric", LIGHTNING_FABRIC_NAMES))
+        if name in names
+    )
 
 
 def providing_distribution(name: str) -> str | None:

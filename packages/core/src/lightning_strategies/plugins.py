@@ -6,8 +6,10 @@ every other plugin keeps working. Only installed distributions' entry points are
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import re
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -23,9 +25,14 @@ DISABLE_VARIABLE = "LIGHTNING_STRATEGIES_DISABLE"
 
 
 def disabled_entry_points() -> set[str]:
-    """Entry-point names listed in LIGHTNING_STRATEGIES_DISABLE ("*" disables all)."""
+    """Values listed in LIGHTNING_STRATEGIES_DISABLE ("*" disables all), split on commas or spaces."""
     value = os.environ.get(DISABLE_VARIABLE, "")
-    return {item.strip() for item in value.split(",") if item.strip()}
+    return {item for item in re.split(r"[,\s]+", value) if item}
+
+
+def _normalized(distribution: str) -> str:
+    """Distribution names compare as pip compares them: case, '_' and '.' do not matter."""
+    return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
@@ -36,17 +43,43 @@ def new_plugin_manager() -> pluggy.PluginManager:
 
 def load_installed_plugins(registry: StrategyRegistry) -> None:
     disabled = disabled_entry_points()
-    for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
-        if "*" in disabled or entry_point.name in disabled:
+    used: set[str] = set()
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+    for entry_point in found:
+        distribution, version = _distribution_of(entry_point)
+        # An entry point is disabled by its own name or by its distribution's (what users pip install).
+        matches = {value for value in disabled if value in ("*", entry_point.name)}
+        matches |= {value for value in disabled if distribution and _normalized(value) == _normalized(distribution)}
+        if matches:
+            used |= matches
             log.debug("plugin %s skipped: listed in %s", entry_point.name, DISABLE_VARIABLE)
             continue
-        distribution, version = _distribution_of(entry_point)
         try:
             plugin = entry_point.load()
         except Exception as error:  # a broken plugin must not take the others down
             _record_failure(registry, entry_point.name, distribution, f"import failed: {error!r}")
             continue
         register_plugin(registry, plugin, entry_point.name, distribution, version)
+    for value in sorted(disabled - used - {"*"}):
+        message = _unmatched_disable_message(value, registry, found)
+        log.warning("lightning-strategies: %s", message)
+        registry.disable_problems.append(message)
+
+
+def _unmatched_disable_message(value: str, registry: StrategyRegistry, found: list[EntryPoint]) -> str:
+    """Why a LIGHTNING_STRATEGIES_DISABLE value disabled nothing, and what to write instead."""
+    names = sorted({ep.name for ep in found})
+    distributions = sorted({dist for ep in found if (dist := _distribution_of(ep)[0])})
+    message = f"{DISABLE_VARIABLE}={value!r} matches no installed plugin, so it disabled nothing."
+    if value.lower() in registry:
+        plugin = registry.entry(value).plugin
+        message += f" {value!r} is a strategy name; its plugin is {plugin!r}: {DISABLE_VARIABLE}={plugin}."
+    else:
+        close = difflib.get_close_matches(value, names + distributions, n=1, cutoff=0.6)
+        if close:
+            message += f" Did you mean {close[0]!r}?"
+    listed = ", ".join(names + distributions) or "none installed"
+    return message + f" It takes entry-point or distribution names, separated by commas ({listed})."
 
 
 def register_plugin(

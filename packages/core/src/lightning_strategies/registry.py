@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_strategies.errors import CapabilityError, StrategyConflictError, StrategyLookupError
-from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES, providing_distribution
+from lightning_strategies.known import (
+    LIGHTNING_BUILTIN_NAMES,
+    LIGHTNING_FABRIC_NAMES,
+    LIGHTNING_TRAINER_NAMES,
+    PROJECT_PACKAGES,
+    lightning_builtin_entry_points,
+    providing_distribution,
+)
 
 # The Lightning flavours a name can resolve in. pytorch_lightning and lightning_fabric are the
 # standalone distributions of lightning.pytorch and lightning.fabric.
@@ -76,6 +83,10 @@ class StrategyEntry:
             strategy stays in use.
         pip_name: The distribution users install to get this name, where it differs from the one
             registering it.
+        parameters: What each constructor parameter means, ``{name: one or two sentences}``, shown by
+            ``lightning-strategies info``. It takes precedence over the ``Args:`` section of the class
+            docstring, and documents what the docstring cannot, such as a parameter kept from an older
+            API and what it maps to now. None: the docstring alone.
         distribution: The installed distribution whose entry point registered the name; None for
             names registered in-process.
         version: That distribution's version.
@@ -94,6 +105,7 @@ class StrategyEntry:
     fabric_target: Target | None = None
     replaces_builtin: bool = False
     pip_name: str | None = None
+    parameters: Mapping[str, str] | None = None
     distribution: str | None = None
     version: str | None = None
     plugin: str | None = None
@@ -189,6 +201,7 @@ _METADATA_FIELDS = frozenset(
         "fabric_target",
         "replaces_builtin",
         "pip_name",
+        "parameters",
     }
 )
 
@@ -205,6 +218,7 @@ class StrategyRegistry:
         self._clashes: dict[str, list[StrategyEntry]] = {}
         self.problems: list[PluginProblem] = []
         self.loaded_plugins: list[str] = []
+        self.disable_problems: list[str] = []  # LIGHTNING_STRATEGIES_DISABLE values that matched no plugin
         self.plugin_manager: Any = None  # the pluggy manager that loaded the plugins, for later hooks
 
     def __iter__(self) -> Iterator[StrategyEntry]:
@@ -261,28 +275,71 @@ class StrategyRegistry:
         entry = self.entry(name)
         return entry.load_class(namespace)(**{**entry.init_params, **overrides})
 
-    def unknown_name_message(self, name: str, extra_names: Iterable[str] = ()) -> str:
-        """Close matches among every name Lightning would accept, and the install line for ours."""
-        message = f"Unknown strategy name {name!r}."
+    def unknown_name_message(self, name: str, extra_names: Iterable[str] = (), namespace: str | None = None) -> str:
+        """Why ``name`` cannot be used, and what to do instead.
+
+        ``namespace`` is the Lightning flavour that asked (None: any). A name that exists only for
+        the other entry point (Trainer or Fabric) says so; otherwise close matches among the names
+        that entry point accepts, with the install line for matches from a package of ours that is
+        not installed.
+        """
+        entry_point = _entry_point(namespace)
         distribution = providing_distribution(name)
-        if distribution is not None and name not in self._entries:
+        entry = self._entries.get(name)
+        if entry is None and distribution is not None:
             return (
                 f"Strategy {name!r} is provided by the {distribution} package, which is not installed "
                 f"(or was disabled). Install it with: pip install {distribution}"
             )
-        candidates = sorted({*self._entries, *LIGHTNING_BUILTIN_NAMES, *extra_names, *_known_names()})
+        if entry is not None and namespace is not None and entry.target_for(namespace) is None:
+            supported = " and ".join(sorted({_entry_point(ns) or "" for ns in entry.namespaces()}))
+            return (
+                f"Strategy {name!r} ({entry.provider}) works with {supported} only, not with {entry_point}. "
+                f"Use it through {supported}, or pick a name {entry_point} accepts: "
+                "`lightning-strategies list` shows which entry point each name works with."
+            )
+        builtin_in = lightning_builtin_entry_points(name)
+        if entry is None and builtin_in and entry_point is not None and entry_point not in builtin_in:
+            return (
+                f"{name!r} is a Lightning built-in strategy of {' and '.join(builtin_in)} only; "
+                f"{entry_point} does not have it." + self._close_matches(name, extra_names, namespace)
+            )
+        return f"Unknown strategy name {name!r}." + self._close_matches(name, extra_names, namespace)
+
+    def _close_matches(self, name: str, extra_names: Iterable[str], namespace: str | None) -> str:
+        ours = {entry.name for entry in self if namespace is None or entry.target_for(namespace) is not None}
+        entry_point = _entry_point(namespace)
+        builtins = {"Trainer": LIGHTNING_TRAINER_NAMES, "Fabric": LIGHTNING_FABRIC_NAMES}.get(
+            entry_point or "", LIGHTNING_BUILTIN_NAMES
+        )
+        candidates = sorted({*ours, *builtins, *extra_names, *_known_names()} - {name})
         matches = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+        message = ""
         if matches:
             message += " Did you mean: " + ", ".join(repr(match) for match in matches) + "?"
+            # Only the closest matches earn an install line: "fsdpp" is "fsdp", not "xla_fsdp".
+            best = max(_similarity(name, match) for match in matches)
             hints = {
                 distribution
                 for match in matches
-                if match not in self._entries and (distribution := providing_distribution(match))
+                if _similarity(name, match) == best
+                and match not in self._entries
+                and (distribution := providing_distribution(match))
             }
             for hint in sorted(hints):
                 message += f" ({hint} is not installed: pip install {hint})"
-        message += " Run `lightning-strategies list` to see every available name."
-        return message
+        return message + " Run `lightning-strategies list` to see every available name."
+
+
+def _similarity(name: str, candidate: str) -> float:
+    return difflib.SequenceMatcher(None, name, candidate).ratio()
+
+
+def _entry_point(namespace: str | None) -> str | None:
+    """How users know a Lightning flavour: "Trainer" or "Fabric" (None: either)."""
+    if namespace is None:
+        return None
+    return "Trainer" if namespace in TRAINER_NAMESPACES else "Fabric"
 
 
 def _known_names() -> set[str]:
@@ -334,6 +391,13 @@ class PluginRegistrar:
         for key in ("accelerators", "precisions", "optimizers"):
             if metadata.get(key) is not None:
                 metadata[key] = tuple(metadata[key])
+        parameters = metadata.get("parameters")
+        if parameters is not None:
+            if not isinstance(parameters, Mapping) or not all(
+                isinstance(key, str) and isinstance(value, str) for key, value in parameters.items()
+            ):
+                raise TypeError(f"register({name!r}): parameters must map parameter names to their meaning (str).")
+            metadata["parameters"] = dict(parameters)
         for optimizer in metadata.get("optimizers") or ():
             if ":" not in optimizer:
                 raise ValueError(

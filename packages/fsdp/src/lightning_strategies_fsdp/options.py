@@ -130,7 +130,16 @@ def parse_sharding_strategy(value: Any) -> str:
 
 def parse_backward_prefetch(value: Any) -> str | None:
     name = check_choice(STRATEGY, "backward_prefetch", _enum_name(value), BACKWARD_PREFETCH)
-    if name == "BACKWARD_POST":
+    # FSDP2 has no such setting: whatever is asked, it prefetches as BACKWARD_PRE did.
+    if name == "BACKWARD_PRE":
+        warn_obsolete_parameter(
+            STRATEGY,
+            "backward_prefetch",
+            value,
+            "FSDP2 always issues the next module's all-gather before the current module's gradient computation, "
+            "which is what BACKWARD_PRE asked for; remove the argument.",
+        )
+    elif name == "BACKWARD_POST":
         warn_obsolete_parameter(
             STRATEGY,
             "backward_prefetch",

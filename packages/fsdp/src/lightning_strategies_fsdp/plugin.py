@@ -33,6 +33,51 @@ NAMES: dict[str, tuple[str, dict[str, object], bool]] = {
     ),
 }
 
+# What each constructor parameter means, for `lightning-strategies info`. "FSDP1:" marks a parameter of
+# Lightning's FSDP1 strategy and says what it becomes on FSDP2 (options.py does the mapping).
+PARAMETERS: dict[str, str] = {
+    "accelerator": "The accelerator: CPU (gloo) or CUDA (NCCL); set by the Trainer or Fabric.",
+    "parallel_devices": "The devices to train on, one process each; set by the Trainer or Fabric.",
+    "cluster_environment": "The cluster environment; set by the Trainer or Fabric.",
+    "checkpoint_io": "Checkpoint IO plugin; DCP checkpoints are written by the strategy itself.",
+    "precision_plugin": "Precision plugin; by default the one for the Trainer's precision flag.",
+    "precision": "Fabric's precision plugin; by default the one for Fabric's precision flag.",
+    "process_group_backend": "Process group backend: by default gloo on CPU, NCCL on CUDA.",
+    "timeout": "Timeout of collective operations.",
+    "auto_wrap_policy": "FSDP1: which modules become their own FSDP unit. On FSDP2: the modules given their own "
+    "fully_shard call: a set of module classes, a torch.distributed.fsdp.wrap policy or an FSDP1-style "
+    "callable. None: the repeated blocks of each ModuleList or Sequential.",
+    "cpu_offload": "FSDP1: CPUOffload or a bool. On FSDP2: CPUOffloadPolicy, which keeps parameters, gradients "
+    "and optimizer states in host memory; an FSDP2 OffloadPolicy is accepted as is.",
+    "mixed_precision": "FSDP1: MixedPrecision. On FSDP2: MixedPrecisionPolicy (param_dtype, reduce_dtype); "
+    "buffer_dtype and keep_low_precision_grads have no FSDP2 meaning and warn. A policy or a dict of its fields "
+    "is accepted as is. None: follows the precision flag.",
+    "sharding_strategy": "FSDP1: ShardingStrategy. On FSDP2: FULL_SHARD = 1-D mesh, reshard_after_forward=True; "
+    "SHARD_GRAD_OP = 1-D mesh, reshard_after_forward=False; NO_SHARD = replicas on a (world, 1) mesh; "
+    "HYBRID_SHARD = (replicas, shard) mesh, sharded within a node.",
+    "backward_prefetch": "FSDP1: BackwardPrefetch. No effect on FSDP2, which always all-gathers the next module "
+    "before the current one's backward (what BACKWARD_PRE did); a value other than None warns.",
+    "forward_prefetch": "FSDP1: forward_prefetch. On FSDP2: each block all-gathers the next block in forward "
+    "order ahead of time (set_modules_to_forward_prefetch).",
+    "limit_all_gathers": "FSDP1: the all-gather rate limiter. No effect on FSDP2, which orders memory through "
+    "its streams; False warns.",
+    "use_orig_params": "FSDP1: use_orig_params. No effect on FSDP2, which always keeps the original parameters "
+    "(as sharded DTensors); False warns.",
+    "param_init_fn": "FSDP1: param_init_fn. On FSDP2: called on each module built on the meta device to "
+    "initialize its materialized parameters; None: the module's reset_parameters.",
+    "sync_module_states": "FSDP1: sync_module_states. On FSDP2: every process starts from rank 0's parameters "
+    "and buffers, broadcast after sharding.",
+    "activation_checkpointing_policy": "Which modules recompute their activations in backward: a set of module "
+    "classes or a wrap policy.",
+    "device_mesh": "(replicas, shard size) for HYBRID_SHARD, or a ready DeviceMesh; FSDP1's process_group "
+    "becomes this.",
+    "state_dict_type": "'sharded': checkpoints are DCP folders, one shard per process; 'full': one file with "
+    "the whole state. Either loads onto any number of processes.",
+    "shard_placement_fn": "Passed to fully_shard: which dimension of each parameter is sharded.",
+    "ignored_params": "Passed to fully_shard: parameters left unsharded and unmanaged (FSDP1's ignored_states "
+    "and ignored_modules become this).",
+}
+
 
 @hookimpl
 def register_strategies(registry):  # type: ignore[no-untyped-def]
@@ -47,4 +92,5 @@ def register_strategies(registry):  # type: ignore[no-untyped-def]
             gradient_accumulation=True,
             fabric_target=FABRIC_TARGET,
             replaces_builtin=replaces_builtin,
+            parameters=PARAMETERS,
         )
