@@ -145,6 +145,7 @@ def docs(session: nox.Session) -> None:
     """The documentation site, with warnings as errors; generated reference pages must be current."""
     session.install("mkdocs==1.6.1", str(PACKAGES / "core"))
     session.run("python", str(ROOT / "tools" / "generate_reference.py"), "--check")
+    session.run("python", str(ROOT / "tools" / "check_docs.py"))  # install lines, claims, benchmark pages
     session.run("mkdocs", "build", "--strict")
 
 
