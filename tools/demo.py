@@ -10,6 +10,7 @@ is the point. The text is embedded below so the demo runs offline.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
@@ -51,17 +52,19 @@ class TinyTransformer(LightningModule):
         self.head = torch.nn.Linear(width, vocabulary_size)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """Logits of every position, one row each: (batch x length, vocabulary)."""
         length = codes.shape[1]
         causal = torch.nn.Transformer.generate_square_subsequent_mask(length, device=codes.device)
         hidden = self.embedding(codes) + self.position[:, :length]
         for block in self.blocks:
             hidden = block(hidden, src_mask=causal, is_causal=True)
-        return self.head(hidden)
+        # On 2-D input the head's output is a fresh tensor; on 3-D it is a view of one, which FSDP2
+        # warns about (an in-place op on a returned view would skip its all-gather).
+        return self.head(hidden.reshape(-1, hidden.shape[-1]))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_index: int) -> torch.Tensor:
         inputs, targets = batch
-        logits = self(inputs)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = torch.nn.functional.cross_entropy(self(inputs), targets.reshape(-1))
         self.log("loss", loss, prog_bar=True, sync_dist=True)
         return loss
 
@@ -70,7 +73,18 @@ class TinyTransformer(LightningModule):
 
 
 class LossReport(Callback):
-    """Prints the epoch's mean loss on rank 0, so the fall is visible in a log without a bar."""
+    """Prints the epoch's mean loss on rank 0, so the fall is visible in a log without a bar, and
+    keeps the first and last step's loss (averaged over the ranks) for the closing summary."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *arguments: object) -> None:
+        loss = trainer.callback_metrics.get("loss")
+        if loss is not None:
+            self.last = float(loss)
+            self.first = self.last if self.first is None else self.first
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loss = trainer.callback_metrics.get("loss")
@@ -87,6 +101,7 @@ def main() -> None:
 
     seed_everything(7, verbose=False)
     dataset = CharacterWindows(TEXT)
+    report = LossReport()
     trainer = Trainer(
         strategy=arguments.strategy,
         accelerator="cpu",
@@ -95,13 +110,20 @@ def main() -> None:
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        callbacks=[LossReport()],
+        callbacks=[report],
     )
     if trainer.is_global_zero:
         print(
             f"strategy {arguments.strategy!r} -> {type(trainer.strategy).__module__}.{type(trainer.strategy).__name__}"
         )
+    started = time.perf_counter()
     trainer.fit(TinyTransformer(len(dataset.vocabulary)), DataLoader(dataset, batch_size=8))
+    if trainer.is_global_zero and report.first is not None and report.last is not None:
+        print(
+            f"demo: strategy {arguments.strategy} on {arguments.devices} x cpu, {trainer.global_step} steps, "
+            f"loss {report.first:.3f} -> {report.last:.3f}, {time.perf_counter() - started:.1f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

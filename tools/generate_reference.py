@@ -249,7 +249,8 @@ def cli_page() -> str:
         "",
         f"{parser.description}",
         "",
-        "The command is installed with the core package (`pip install lightning-strategies`); "
+        "The command is installed with the core package (`pip install lightning-strategies` once released; it is "
+        "not on PyPI before the first release, so until then `pip install ./packages/core` from a checkout); "
         "`python -m lightning_strategies.cli` runs the same program. `list` and `info` read "
         "registration metadata only: they import no backend and no strategy module.",
         "",

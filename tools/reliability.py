@@ -73,7 +73,7 @@ def report(results: Path, page: Path) -> None:
         "to the exit of the last rank.",
         "",
         "| strategy | processes | kills (inside a save) | resumed vs uninterrupted | rank raises: exit "
-        "| rank killed: exit | result | date, versions |",
+        "| rank killed: exit | result | date, commit, versions |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
     for (name, accelerator, devices), record in sorted(latest.items()):
@@ -85,12 +85,23 @@ def report(results: Path, page: Path) -> None:
             f"| `{name}` | {where} | {kills.get('kills', '-')} ({kills.get('inside_a_save', '-')}) "
             f"| {_difference(resumed)} | {_exit(measured.get('failed-rank exit (raises)'))} "
             f"| {_exit(measured.get('failed-rank exit (killed)'))} | {'passed' if record['passed'] else 'FAILED'} "
-            f"| {record['date']}, {record['machine']}, {_versions(record['versions'])} |"
+            f"| {record['date']}, {describe_commit(record.get('git_commit'))}, {record['machine']}, "
+            f"{_versions(record['versions'])} |"
         )
     if any(name in _LIGHTNING_OWN for name, _, _ in latest):
         lines += ["", "`ddp` is Lightning's own strategy, measured with the same tier for comparison."]
     text = page.read_text()
     page.write_text(text[: text.index(MARKER)] + "\n".join(lines) + "\n")
+
+
+def describe_commit(commit: str | None) -> str:
+    """The commit a result was measured at, saying so where the working tree had uncommitted changes
+    (git_commit's ``-dirty``): such a figure belongs to no commit exactly."""
+    if not commit:
+        return "commit unknown"
+    if commit.endswith("-dirty"):
+        return f"commit {commit.removesuffix('-dirty')[:7]} with uncommitted changes"
+    return f"commit {commit[:7]}"
 
 
 def _difference(measured: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 GIB = 2**30
+DIRTY = "-dirty"  # what tools.benchmark.environment.git_commit appends for a modified working tree
 PLOT_COLOURS = {"hand": "#7f7f7f", "trainer": "#1f77b4", "lightning": "#ff7f0e"}
 KIND_NAMES = {"hand": "by hand", "trainer": "Trainer(strategy=NAME), our package", "lightning": "Lightning built-in"}
 
@@ -52,15 +53,69 @@ def write(results: Path, page: Path) -> str:
     parts = ["# Benchmarks\n", ABOUT]
     if not sessions:
         parts.append("\n**No results have been measured yet**: docs/results/ holds no result files.\n")
+    if sessions:
+        parts.append(spread_section(sessions))
+    spread = one_device_spread(sessions)
     for summary, records in sessions:
-        parts.append(session_section(summary, records, results, page.parent))
+        parts.append(session_section(summary, records, results, page.parent, spread))
     page.write_text("\n".join(parts))
     return f"wrote {page} from {len(sessions)} result file(s)"
 
 
-def session_section(summary: dict[str, Any], records: list[dict[str, Any]], results: Path, docs: Path) -> str:
+def session_title(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """What was measured, where and when: the session's label is an internal name."""
+    names = list(dict.fromkeys(r["run"].split(":", 1)[1] for r in records if r["kind"] == "trainer"))
+    devices = " and ".join(str(count) for count in summary.get("settings", {}).get("devices") or [])
+    title = f"{', '.join(names) or 'baselines'} on {devices or summary.get('device_count')} x {summary.get('device')}"
+    if summary.get("scaling"):
+        title += ", scaling"
+    return f"{title}, {summary.get('date')}"
+
+
+Key = tuple[str, str, int, str, str]
+
+
+def run_key(summary: dict[str, Any], record: dict[str, Any]) -> Key:
+    """Records with the same key ran the same program on the same kind of device."""
+    workload = f"{record['batch_size']}x{record['length']}, {record['warmup_steps']}+{record['timed_steps']} steps"
+    return record["run"], record["size"], record["devices"], record["precision"], f"{summary.get('device')} {workload}"
+
+
+def measured_by_key(sessions: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> dict[Key, list[float]]:
+    found: dict[Key, list[float]] = {}
+    for summary, records in sessions:
+        for record in records:
+            if record["status"] == "ok":
+                found.setdefault(run_key(summary, record), []).append(record["tokens_per_second"])
+    return found
+
+
+def spread_section(sessions: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> str:
+    repeated = {key: values for key, values in measured_by_key(sessions).items() if len(values) > 1}
+    if not repeated:
+        return ("\n**No run was measured twice**: the run-to-run spread is not known, so small differences are "
+                "not findings.\n")  # fmt: skip
+    lines = ["\n## Run-to-run spread\n",
+             "The same run measured in more than one session (each session below names its commit). A speed-up",
+             "or a \"vs by hand\" ratio that lies within this run-to-run spread is not a measured difference.\n",
+             "| run | size | devices | precision | sessions | tokens/s, lowest to highest | spread |",
+             "| --- | --- | ---: | --- | ---: | --- | ---: |"]  # fmt: skip
+    for (run, size, devices, precision, _), values in sorted(repeated.items()):
+        low, high = min(values), max(values)
+        lines.append(f"| `{run}` | {size} | {devices} | {precision} | {len(values)} | {low:,.0f} to {high:,.0f} "
+                     f"| {100 * (high - low) / low:.0f}% |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def one_device_spread(sessions: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> dict[Key, list[float]]:
+    return {key: values for key, values in measured_by_key(sessions).items() if key[2] == 1}
+
+
+def session_section(
+    summary: dict[str, Any], records: list[dict[str, Any]], results: Path, docs: Path, spread: dict[Key, list[float]]
+) -> str:
     label = summary["label"]
-    lines = [f"\n## {label}\n"]
+    lines = [f"\n## {session_title(summary, records)}\n", f"Session `{label}` (docs/results/{label}.jsonl).\n"]
     if not summary.get("complete"):
         lines.append("**Incomplete**: the session ended before its last run; the runs below are those that finished.\n")
     lines += environment_table(summary)
@@ -70,7 +125,8 @@ def session_section(summary: dict[str, Any], records: list[dict[str, Any]], resu
     if summary.get("search"):
         lines += search_section(summary["search"], records)
     if summary.get("scaling"):
-        lines += scaling_table(summary["scaling"])
+        ok = [record for record in records if record["status"] == "ok"]
+        lines += scaling_table(summary["scaling"], summary, ok, spread)
     problems = [record for record in records if record["status"] != "ok"]
     if problems:
         lines.append("\nNot measured:\n")
@@ -87,7 +143,7 @@ def session_section(summary: dict[str, Any], records: list[dict[str, Any]], resu
                     f"{failure['reason']}: {last_line(failure.get('message', ''))}"
                 )
     if measured and not summary.get("search"):
-        for plot in plots(label, measured, results):
+        for plot in plots(label, session_title(summary, records), measured, results):
             lines.append(f"\n![{plot.stem}]({Path(os.path.relpath(plot, docs)).as_posix()})")
     return "\n".join(lines) + "\n"
 
@@ -99,7 +155,7 @@ def environment_table(summary: dict[str, Any]) -> list[str]:
         ("device", f"{summary.get('device_count', 0)} x {summary.get('device') or 'no GPU'}"),
         ("driver / CUDA", f"{summary.get('driver')} / {summary.get('cuda')}"),
         ("date", summary.get("date")),
-        ("git commit", summary.get("git_commit")),
+        ("git commit", describe_commit(summary.get("git_commit"))),
         ("python", summary.get("python")),
         *((name, version) for name, version in versions.items() if version),
         ("workload", f"{settings.get('batch_size')} x {settings.get('length')} tokens per device and step, "
@@ -147,16 +203,28 @@ def search_section(search: dict[str, Any], records: list[dict[str, Any]]) -> lis
     return lines
 
 
-def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["\nScaling:\n", "| run | devices | tokens/s | tokens/s on 1 device | speed-up |",
-             "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+def scaling_table(
+    rows: list[dict[str, Any]], summary: dict[str, Any], records: list[dict[str, Any]], spread: dict[Key, list[float]]
+) -> list[str]:
+    """Speed-ups, with the range the 1-device run's run-to-run spread allows where it was measured twice."""
+    lines = ["\nScaling:\n",
+             "| run | devices | tokens/s | tokens/s on 1 device | speed-up "
+             "| speed-up over the 1-device run-to-run spread |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for row in rows:
+        one = next((r for r in records if r["run"] == row["run"] and r["devices"] == 1), None)
+        values = spread.get(run_key(summary, one), []) if one else []
+        over_spread = (
+            f"{row['tokens_per_second'] / max(values):.2f}x to {row['tokens_per_second'] / min(values):.2f}x"
+            if len(values) > 1 else "not known (the 1-device run was measured once)"
+        )  # fmt: skip
         lines.append(f"| `{row['run']}` | {row['devices']} | {row['tokens_per_second']:,.0f} "
-                     f"| {row['tokens_per_second_one_device']:,.0f} | {row['speedup']:.2f}x |")  # fmt: skip
+                     f"| {row['tokens_per_second_one_device']:,.0f} | {row['speedup']:.2f}x "
+                     f"| {over_spread} |")  # fmt: skip
     return lines
 
 
-def plots(label: str, measured: list[dict[str, Any]], results: Path) -> list[Path]:
+def plots(label: str, title: str, measured: list[dict[str, Any]], results: Path) -> list[Path]:
     """Tokens/s and peak memory per run, coloured by how the backend was driven."""
     import matplotlib
 
@@ -175,7 +243,7 @@ def plots(label: str, measured: list[dict[str, Any]], results: Path) -> list[Pat
     axes.barh(names, [r["tokens_per_second"] for r in measured], color=colours)
     axes.invert_yaxis()
     axes.set_xlabel("tokens/s (higher is better)")
-    axes.set_title(f"Training throughput: {label}")
+    axes.set_title(f"Training throughput: {title}")
     axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     written.append(save(figure, results / f"{label}-throughput.png"))
 
@@ -202,7 +270,7 @@ def plots(label: str, measured: list[dict[str, Any]], results: Path) -> list[Pat
     axes.set_yticks(list(positions), names)
     axes.invert_yaxis()
     axes.set_xlabel("peak memory (GiB)")
-    axes.set_title(f"Peak memory: {label}")
+    axes.set_title(f"Peak memory: {title}")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     written.append(save(figure, results / f"{label}-memory.png"))
     return written
@@ -215,6 +283,12 @@ def save(figure: Any, path: Path) -> Path:
     figure.savefig(path, dpi=110)
     pyplot.close(figure)
     return path
+
+
+def describe_commit(commit: str | None) -> str:
+    if commit and commit.endswith(DIRTY):
+        return f"{commit.removesuffix(DIRTY)[:7]} with uncommitted changes"
+    return commit or "unknown"
 
 
 def gib(value: int | None) -> str:

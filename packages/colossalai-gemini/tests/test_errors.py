@@ -25,6 +25,12 @@ def test_instance_on_cpu_accelerator_asks_for_a_cuda_gpu():
         L.Trainer(strategy=strategy, accelerator="cpu", precision="bf16-mixed", logger=False)
 
 
+def test_cpu_placement_on_cpu_accelerator_says_cpu_is_the_offload_target_and_a_gpu_is_still_needed():
+    strategy = ColossalAIStrategy(placement_policy="cpu")
+    with pytest.raises(CapabilityError, match=r"CPU memory is the offload target.*still runs on the GPU"):
+        L.Trainer(strategy=strategy, accelerator="cpu", precision="bf16-mixed", logger=False)
+
+
 def test_fp32_is_refused_with_the_precisions_to_use():
     with pytest.raises(ValueError, match=r"precision='16-mixed' or precision='bf16-mixed'"):
         ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("32-true")

@@ -16,7 +16,10 @@ watch_ranks(rank, 2)
 dist.barrier()
 failing = rank == int(os.environ.get("FAILING_RANK", "1"))
 if failing and scenario == "raise":
-    raise ValueError("training_step failed on purpose")
+    raise ValueError("training_step failed on purpose.")
+if scenario == "both":  # the same deterministic error on every rank, a little apart in time
+    time.sleep(0.1 * rank)
+    raise ValueError("training_step failed on purpose.")
 if failing and scenario == "report":  # what the Trainer's on_exception does before its teardown
     report_failure(ValueError("training_step failed on purpose"))
     time.sleep(600)

@@ -113,6 +113,20 @@ def test_a_truncated_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
         check_file(path)
 
 
+@pytest.mark.parametrize(
+    ("content", "found"),
+    [(b"", r"is empty \(0 bytes\)\."), (b"\x8f\x01random bytes", r"holds 14 bytes starting with b'\\x8f\\x01random'")],
+)
+def test_an_empty_or_foreign_file_is_described_as_found_not_guessed_at(
+    content: bytes, found: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "model.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=found + r".*Resume from an earlier checkpoint") as caught:
+        check_file(path)
+    assert "damaged after it was written" not in str(caught.value)
+
+
 @pytest.mark.parametrize(("content", "message"), [(None, "No checkpoint file at"), (b"", "is empty")])
 def test_a_missing_or_empty_file_is_refused(content: bytes | None, message: str, tmp_path: Path) -> None:
     path = tmp_path / "model.ckpt"

@@ -74,14 +74,28 @@ def test_an_uncaught_exception_ends_the_other_rank_naming_the_failed_one(failing
     assert survivor.returncode == EXIT_CODE, survivor.stderr
     assert f"rank {failing_rank} exited with an uncaught ValueError" in survivor.stderr
     assert "passed the all-reduce" not in survivor.stdout
+    # Named once, in sentences that end once (the error's own text ends with a period).
+    assert survivor.stderr.count(f"rank {failing_rank} exited with an uncaught") == 1, survivor.stderr
+    assert ".." not in survivor.stderr
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_the_same_error_on_every_rank_exits_1_on_each_blaming_no_other(attempt: int) -> None:
+    # Each rank failed on its own: each exits with its own error's code and blames nobody,
+    # whichever rank's record the store took first.
+    for result in run_ranks("both"):
+        assert result.returncode == 1, result.stderr
+        assert "training_step failed on purpose" in result.stderr
+        assert "lightning-strategies:" not in result.stderr, result.stderr
 
 
 def test_a_reported_exception_ends_the_other_rank_while_the_failed_one_still_runs() -> None:
     results = run_ranks("report")
     assert results[0].returncode == EXIT_CODE, results[0].stderr
     assert "rank 1 raised ValueError: training_step failed on purpose" in results[0].stderr
-    # Rank 0 took the store with it; the failed rank, its failure recorded, does not linger.
-    assert results[1].returncode == EXIT_CODE, results[1].stderr
+    # Rank 0 took the store with it; the failed rank, its failure recorded, does not linger, and
+    # exits with the code of a rank that raised, as it did.
+    assert results[1].returncode == 1, results[1].stderr
 
 
 def test_a_killed_rank_is_named_by_the_survivor() -> None:

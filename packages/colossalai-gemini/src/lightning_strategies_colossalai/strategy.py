@@ -216,12 +216,16 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         """Refuse anything but CUDA, before processes are launched or colossalai is imported."""
         if self.accelerator is not None and not isinstance(self.accelerator, CUDAAccelerator):
             name = type(self.accelerator).__name__
+            placement = self.settings.placement_policy
             raise CapabilityError(
-                f"ColossalAIStrategy needs a CUDA GPU (Gemini keeps its chunks and runs its kernels in CUDA "
-                f"memory; CPU memory is only an offload target), but the accelerator is {name}. "
-                "Use Trainer(accelerator='cuda', ...) on a machine with an NVIDIA GPU; for CPU-only training "
+                f"ColossalAIStrategy needs a CUDA GPU, but the accelerator is {name}. Gemini runs its kernels "
+                f"in CUDA memory; placement_policy={placement!r} only chooses where chunks and optimizer states "
+                "are kept between uses"
+                + (" (with 'cpu', as in colossalai_cpu, CPU memory is the offload target, and training still "
+                   "runs on the GPU)" if placement == "cpu" else "")
+                + ". Use Trainer(accelerator='cuda', ...) on a machine with an NVIDIA GPU; for CPU-only training "
                 "pick another strategy (for example deepspeed or fsdp from lightning-strategies)."
-            )
+            )  # fmt: skip
 
     def _configure_launcher(self) -> None:
         self.check_accelerator()

@@ -157,12 +157,16 @@ def check_file(path: Path) -> None:
     """Refuse a missing, empty or truncated ``torch.save`` file before reading it."""
     if not path.exists():
         raise CheckpointError(f"No checkpoint file at {path}. Check the path, or list the folder for the ones there.")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"The checkpoint file {path} is empty. {_CORRUPT_HINT}")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"The checkpoint file {path} is empty (0 bytes). {_CORRUPT_HINT}")
     if not zipfile.is_zipfile(path) and not _is_legacy_torch_save(path):
+        with open(path, "rb") as handle:
+            start = handle.read(8)
+        # What was found, not a guess at how: a cut-short save and a file that never was one look alike.
         raise CheckpointError(
-            f"The checkpoint file {path} is truncated or corrupted: its table of contents (the end of a "
-            f"torch.save file) is missing. {_CORRUPT_HINT}"
+            f"The checkpoint file {path} is truncated or corrupted: it holds {size:,} bytes starting with "
+            f"{start!r}, without the table of contents that ends a torch.save file. {_CORRUPT_HINT}"
         )
 
 
@@ -173,10 +177,7 @@ def _is_legacy_torch_save(path: Path) -> bool:
         return handle.read(len(_LEGACY_TORCH_SAVE_START)) == _LEGACY_TORCH_SAVE_START
 
 
-_CORRUPT_HINT = (
-    "The file was damaged after it was written (checkpoints from this project are published only once "
-    "complete). Resume from an earlier checkpoint, or copy this one again from where it came from."
-)
+_CORRUPT_HINT = "Resume from an earlier checkpoint, or copy this one again from where it came from."
 
 
 def _previous_path(target: Path) -> Path:

@@ -14,6 +14,10 @@ ranks already share:
   its process is gone;
 - a rank that exits normally says so and is no longer watched.
 
+Exit codes: a rank that raised exits with its own error (1), even when another rank failed first
+with the same error; a rank ended because another one failed exits with ``EXIT_CODE`` (70) and
+names that rank, once.
+
 A blocked rank's main thread is inside C++ where Python cannot interrupt it, so the watchdog
 prints the reason and ends the process with ``os._exit``.
 
@@ -88,19 +92,27 @@ def _report(watchdog: _Watchdog, exception: BaseException, how: str) -> bool:
     """Record ``exception`` as this rank's failure, unless it echoes another rank's: True then."""
     if isinstance(exception, KeyboardInterrupt | SystemExit):
         return False  # an interrupt reaches every rank of a run; no rank is to blame
-    recorded = watchdog.failure()
-    # A communication error is often the echo of a peer that died: let the watchdog name it first.
-    if recorded is None and _looks_like_communication_error(exception) and watchdog.wait_for_failure(watchdog.timeout):
+    if watchdog.echoed:
+        return True  # reported from on_exception already, now again at exit
+    if watchdog.own_failure is not None:
+        return False
+    # Only a communication error can be the echo of a peer that died or failed: let the watchdog
+    # name that peer first. Any other error is this rank's own, even when another rank failed
+    # too (the same deterministic error on every rank): it is reported as such and exits 1.
+    if _looks_like_communication_error(exception):
         recorded = watchdog.failure()
-    if recorded is not None:
-        watchdog.acknowledge()
-        if recorded.startswith(f"rank {watchdog.rank} "):
-            return False
-        _say(watchdog.rank, f"the error below follows this failure: {recorded}.")
-        return True
+        if recorded is None and watchdog.wait_for_failure(watchdog.timeout):
+            recorded = watchdog.failure()
+        if recorded is not None and not recorded.startswith(f"rank {watchdog.rank} "):
+            watchdog.acknowledge()
+            watchdog.echoed = True
+            watchdog.say_once(f"the error below follows this failure: {_sentence(recorded)}")
+            return True
     first_line = (str(exception).strip().splitlines() or [""])[0]
     summary = type(exception).__name__ + (f": {first_line}" if first_line else "")
-    watchdog.declare(f"rank {watchdog.rank} {how} {summary}")
+    if not watchdog.claim_own_failure(f"rank {watchdog.rank} {how} {summary}"):
+        return False  # too late: the watchdog thread is ending this rank for another's failure
+    watchdog.declare()
     watchdog.wait_for_acknowledgements()
     return False
 
@@ -116,7 +128,11 @@ class _Watchdog:
 
     def __post_init__(self) -> None:
         self.interval = min(1.0, self.timeout / 10)
-        self.known_failure: str | None = None
+        self.known_failure: str | None = None  # the first failure any rank recorded
+        self.own_failure: str | None = None  # this rank's own, once it reported one
+        self.echoed = False  # this rank's error followed another's failure, and said so
+        self._said = False  # whether this rank has explained its end; it does so once
+        self._saying = threading.Lock()  # held by the main thread or the watchdog thread, never both
         self.thread = threading.Thread(target=self._run, name="lightning-strategies-watchdog", daemon=True)
         self.store.set(f"process/{self.rank}", f"{socket.gethostname()} {os.getpid()}")
 
@@ -130,11 +146,33 @@ class _Watchdog:
 
     # -- shared records ----------------------------------------------------------------------
 
-    def declare(self, message: str) -> None:
-        """Record a failure; the first record wins, later ones are echoes."""
+    def claim_own_failure(self, message: str) -> bool:
+        """Mark this rank as failing with its own error, unless the watchdog thread is already
+        ending it for another rank's failure: False then."""
+        with self._saying:
+            if self._said:
+                return False
+            self.own_failure = message
+            return True
+
+    def declare(self) -> None:
+        """Record this rank's own failure. The first record is the one the other ranks name; a
+        rank that fails after it has read it already, so it counts as acknowledged."""
+        assert self.own_failure is not None
         if self.store.add("failures", 1) == 1:
-            self.store.set("failed", message)
-            self.known_failure = message
+            self.store.set("failed", self.own_failure)
+            self.known_failure = self.own_failure
+        else:
+            self.acknowledge()
+
+    def say_once(self, message: str) -> bool:
+        """Print ``message`` unless this rank has explained its end already: True if printed."""
+        with self._saying:
+            if self._said:
+                return False
+            self._said = True
+        _say(self.rank, message)
+        return True
 
     def failure(self) -> str | None:
         if self.known_failure is None and self.store.check(["failed"]):
@@ -169,10 +207,11 @@ class _Watchdog:
     def _run(self) -> None:
         neighbour = _Neighbour(self)
         unreachable_since: float | None = None
+        graced = False
         while not self.stopped.wait(self.interval):
             try:
                 self.store.add(f"beat/{self.rank}", 1)
-                failure = self.failure()
+                failure = recorded = self.failure()
                 if failure is None and self.store.check(["exited/0"]):
                     return  # rank 0 finished normally and its store goes with it
                 if failure is None:
@@ -180,27 +219,44 @@ class _Watchdog:
                 unreachable_since = None
             except Exception as error:  # the store lives in rank 0's process
                 unreachable_since = unreachable_since or time.monotonic()
+                if self.own_failure is not None:
+                    self._end(self.own_failure, exit_code=1)  # rank 0 has left after reading it
                 if self.known_failure is not None:
                     self._end(self.known_failure)  # rank 0 has already left after it
                 if time.monotonic() - unreachable_since < self.timeout:
                     continue
                 failure = f"rank 0, which hosts the rendezvous store, stopped answering ({error}): it has likely died"
-            if failure is not None and not failure.startswith(f"rank {self.rank} "):
-                self._end(failure)
+                recorded = None
+            if failure is None or failure.startswith(f"rank {self.rank} ") or self.own_failure or self.echoed:
+                continue  # this rank's own error, or its echo, is on its way out through the main thread
+            # The same deterministic error often reaches every rank within moments of the first:
+            # one poll's grace lets this rank's own error arrive, so that it exits as a rank that
+            # raised (1), not as one ended for another's failure (70), whichever rank recorded
+            # first. A rank found dead gets no grace: nothing is on its way.
+            if recorded is not None and not graced:
+                graced = True
+                continue
+            self._end(failure, unless_failing_itself=True)
 
-    def _end(self, failure: str) -> None:
+    def _end(self, failure: str, exit_code: int = EXIT_CODE, unless_failing_itself: bool = False) -> None:
+        with self._saying:
+            if unless_failing_itself and (self.own_failure is not None or self.echoed):
+                return  # the main thread is on its way out with this rank's own error
+            already_said, self._said = self._said, True
         try:
             self.acknowledge()
             self.wait_for_acknowledgements()
         except Exception:
             pass
+        if already_said:
+            os._exit(exit_code)
         _say(
             self.rank,
-            f"{failure}. Ending rank {self.rank} now instead of waiting in a collective until the process group "
-            f"times out ({TIMEOUT_VARIABLE}={self.timeout:g} s bounds how long a silent rank is waited for; "
+            f"{_sentence(failure)} Ending rank {self.rank} now instead of waiting in a collective until the process "
+            f"group times out ({TIMEOUT_VARIABLE}={self.timeout:g} s bounds how long a silent rank is waited for; "
             "0 turns this watchdog off).",
         )
-        os._exit(EXIT_CODE)
+        os._exit(exit_code)
 
 
 class _Neighbour:
@@ -249,6 +305,12 @@ def _alive(pid: int) -> bool:
 
 def _say(rank: int, message: str) -> None:
     print(f"[rank {rank}] lightning-strategies: {message}", file=sys.stderr, flush=True)
+
+
+def _sentence(text: str) -> str:
+    """``text`` ending in one full stop, whether or not the user's error message had one."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _looks_like_communication_error(exception: BaseException) -> bool:

@@ -4,14 +4,22 @@
 modules read it at import time), auto-detecting CUDA whenever a GPU is visible. A run on
 ``accelerator="cpu"`` therefore has to choose DeepSpeed's CPU accelerator before that import,
 which is why the strategies import deepspeed only through ``import_deepspeed``.
+
+On CPU, DeepSpeed's communication layer compiles a shared-memory op the first time it starts,
+whatever the optimizer: 40 to 95 s of silence on two cores. ``import_deepspeed`` says so before
+it happens, and keeps torch's build folder per environment, so that switching between
+environments (another torch or DeepSpeed) does not rebuild it each time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import ModuleType
 
 from lightning_strategies.backends import require_backend
@@ -20,6 +28,8 @@ from lightning_strategies_deepspeed.cuda_arch import normalize_environment
 log = logging.getLogger(__name__)
 
 ACCELERATOR_VARIABLE = "DS_ACCELERATOR"
+EXTENSIONS_VARIABLE = "TORCH_EXTENSIONS_DIR"
+SHARED_MEMORY_OP = "deepspeed_shm_comm"  # the op DeepSpeed's CPU accelerator builds for its collectives
 # Lightning's device type -> DeepSpeed's accelerator name.
 _DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda"}
 
@@ -37,6 +47,9 @@ def import_deepspeed(device_type: str | None = None, logging_level: int | None =
     if wanted is not None and "deepspeed" not in sys.modules:
         # Child processes (Lightning's launcher, DeepSpeed's op builds) inherit the choice.
         os.environ[ACCELERATOR_VARIABLE] = wanted
+    extensions = use_extensions_folder()
+    if wanted == "cpu":
+        announce_shared_memory_op_build(extensions)
     deepspeed = require_backend(
         "deepspeed", backend_distribution="deepspeed", strategy_distribution="lightning-strategies-deepspeed"
     )
@@ -68,3 +81,44 @@ def _ensure_accelerator(wanted: str) -> None:
         stacklevel=3,
     )
     set_accelerator(replacement)
+
+
+def default_extensions_folder(prefix: str = sys.prefix) -> Path:
+    """A build folder for this environment alone: torch's default one is shared by every environment
+    of a Python version, so that each switch between them rebuilds the op for the other's torch."""
+    import torch
+
+    try:
+        deepspeed_version = version("deepspeed")
+    except PackageNotFoundError:
+        deepspeed_version = "none"
+    environment = hashlib.sha256(os.path.realpath(prefix).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return (
+        cache / "lightning-strategies" / "torch_extensions"
+        / f"{Path(prefix).name}-{environment}-torch{torch.__version__}-deepspeed{deepspeed_version}"
+    )  # fmt: skip
+
+
+def use_extensions_folder() -> Path:
+    """The folder torch builds DeepSpeed's ops in: the user's TORCH_EXTENSIONS_DIR, else this environment's."""
+    chosen = os.environ.get(EXTENSIONS_VARIABLE)
+    if chosen:
+        return Path(chosen)
+    folder = default_extensions_folder()
+    os.environ[EXTENSIONS_VARIABLE] = str(folder)  # read by torch's build, here and in child processes
+    return folder
+
+
+def announce_shared_memory_op_build(extensions: Path) -> bool:
+    """Say, once per host, what is about to be compiled and where it is kept: True if it was said."""
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0 or any((extensions / SHARED_MEMORY_OP).glob("*.so")):
+        return False
+    print(
+        f"lightning-strategies: DeepSpeed on CPU compiles its shared-memory communication op ({SHARED_MEMORY_OP}) "
+        f"the first time it starts in an environment, whatever the optimizer; this takes about a minute. It is kept "
+        f"in {extensions} and reused from then on ({EXTENSIONS_VARIABLE} chooses another folder).",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
