@@ -6,9 +6,11 @@ import json
 import warnings
 
 import pytest
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
 
@@ -125,6 +127,14 @@ def test_config_file_and_environment_variable(tmp_path, monkeypatch):
     broken.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         DeepSpeedStrategy(config=broken)
+
+
+@pytest.mark.parametrize("strategy_class", [DeepSpeedStrategy, DeepSpeedFabricStrategy])
+def test_a_missing_config_file_is_the_error_lightning_raises(strategy_class):
+    # Lightning's Trainer strategy raises MisconfigurationException there, its Fabric strategy FileNotFoundError.
+    for error in (MisconfigurationException, FileNotFoundError):
+        with pytest.raises(error, match=r"no such file\. Pass the path of a DeepSpeed JSON config"):
+            strategy_class(config="/no/such/ds_config.json")
 
 
 def test_newer_deepspeed_options_pass_through_untouched():

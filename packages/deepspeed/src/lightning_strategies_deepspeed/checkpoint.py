@@ -21,7 +21,7 @@ import torch
 
 from lightning_strategies.checkpoint_formats import foreign_checkpoint_error
 from lightning_strategies.checkpoints import check_file, load_file, staged_save
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies.errors import CheckpointError, CheckpointNotFoundError
 from lightning_strategies_deepspeed import compatibility
 
 TAG = "checkpoint"
@@ -102,16 +102,17 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
     if len(tags) == 1:
         return CheckpointLocation(path, tags[0], path.joinpath(tags[0], "zero").is_dir())
     if len(tags) > 1:
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"{path} holds several DeepSpeed checkpoints ({', '.join(tags)}) and no 'latest' file naming one. "
             f"Pass the one to load, e.g. {path / tags[-1]}."
         )
     if not path.exists():
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"No checkpoint at {path}. Check the path: a DeepSpeed checkpoint is the directory given to "
             "trainer.save_checkpoint or written by ModelCheckpoint (a 'latest' file and a 'checkpoint' folder)."
         )
-    raise foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS)
+    # Lightning's DeepSpeed strategies raise FileNotFoundError for a path that holds no DeepSpeed checkpoint.
+    raise CheckpointNotFoundError(*foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS).args)
 
 
 def inspect(

@@ -1,6 +1,6 @@
 """Turning the strategy's parameters into a DeepSpeed config, and completing one at setup.
 
-Pure Python (no torch, no deepspeed), shared by the Trainer and the Fabric strategy. Every
+No torch or deepspeed calls, shared by the Trainer and the Fabric strategy. Every
 parameter of Lightning's DeepSpeedStrategy is either written into the config where DeepSpeed
 0.16-0.19 reads it, or accepted with a warning saying why it has no effect in the chosen set-up.
 """
@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
 
@@ -85,6 +87,11 @@ _STAGE_3_ONLY = ("sub_group_size", "remote_device", "offload_parameters")
 _PARAMETER_OFFLOAD_ONLY = ("params_buffer_count", "params_buffer_size", "max_in_cpu")
 _NVME_ONLY = ("block_size", "queue_depth", "single_submit", "overlap_events", "thread_count", "optimizer_buffer_count")
 _FP16_ONLY = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+
+
+class ConfigFileNotFoundError(FileNotFoundError, MisconfigurationException):
+    """A DeepSpeed config path with no file; Lightning's Trainer strategy raises MisconfigurationException, Fabric's
+    FileNotFoundError."""
 
 
 def validate_parameters(parameters: Mapping[str, Any]) -> None:
@@ -246,7 +253,7 @@ def load_user_config(config: str | os.PathLike | Mapping[str, Any] | None) -> di
         )
     path = Path(config)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigFileNotFoundError(
             f"{STRATEGY}(config={str(config)!r}): no such file. Pass the path of a DeepSpeed JSON config, or a dict."
         )
     try:
