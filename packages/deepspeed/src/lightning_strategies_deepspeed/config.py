@@ -11,7 +11,7 @@ import copy
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +265,22 @@ def load_user_config(config: str | os.PathLike | Mapping[str, Any] | None) -> di
             f"{STRATEGY}: the DeepSpeed config {str(path)!r} must hold a JSON object, not {type(loaded).__name__}."
         )
     return loaded
+
+
+def check_device_indices(devices: Sequence[Any]) -> None:
+    """Refuse CUDA devices other than cuda:0..N-1 in rank order: DeepSpeed puts each process on cuda:<local rank>.
+
+    Lightning would run local rank r on ``devices[r]`` and DeepSpeed on cuda:r, so devices=[1, 0] or [0, 2]
+    would train (and reduce) on other GPUs than the ones chosen, or two processes on one GPU.
+    """
+    indices = [device.index for device in devices if device.type == "cuda"]
+    if not indices or indices == list(range(len(devices))):
+        return
+    raise RuntimeError(
+        f"The GPUs chosen ({indices}) are not cuda:0 to cuda:{len(devices) - 1} in rank order, but DeepSpeed runs "
+        f"each process on the GPU numbered as its local rank. Choose the GPUs with the environment instead: "
+        f"CUDA_VISIBLE_DEVICES={','.join(str(index) for index in indices)} and devices={len(devices)}."
+    )
 
 
 def zero_stage(config: Mapping[str, Any]) -> int:

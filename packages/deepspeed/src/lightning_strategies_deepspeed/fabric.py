@@ -171,6 +171,8 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         super()._setup_distributed()
         watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
+        assert self.parallel_devices is not None
+        settings.check_device_indices(self.parallel_devices)
         deepspeed.init_distributed(
             dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
         )

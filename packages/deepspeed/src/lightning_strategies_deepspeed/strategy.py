@@ -155,6 +155,8 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         super().setup_environment()
 
     def setup_distributed(self) -> None:
+        assert self.parallel_devices is not None
+        settings.check_device_indices(self.parallel_devices)
         super().setup_distributed()
         watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
