@@ -359,7 +359,6 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         client_state = {
             key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")
         }
-        client_state.update(checkpoints.universal_info())
         with staged_save(filepath, self.is_global_zero, self.barrier) as staged:
             checkpoints.save(self.model, staged, client_state, self.exclude_frozen_parameters)
 
