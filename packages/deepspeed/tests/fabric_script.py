@@ -1,13 +1,15 @@
 """Fabric with a DeepSpeed name on 2 CPU processes: train, save, load into a fresh model, compare.
 
 Between the save and the load, training goes on and a second save to the same path fails half
-way: the load must still find the first save, whole.
+way: the load must still find the first save, whole. The saved state holds entries named like
+DeepSpeed's own (``global_steps``, ``mp_world_size``): both the user's and DeepSpeed's must come back.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -46,6 +48,15 @@ def fit(fabric: Fabric, model, optimizer, steps: int) -> list[float]:
     return losses
 
 
+def step_without_backward_sync(fabric: Fabric, model, optimizer) -> list[str]:
+    """The warnings of one step under fabric.no_backward_sync, which DeepSpeed cannot honour."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fabric.no_backward_sync(model):
+            fit(fabric, model, optimizer, steps=1)
+    return [str(warning.message) for warning in caught]
+
+
 def save_failing_half_way(fabric: Fabric, checkpoint: str, state: dict) -> str:
     """fabric.save, with every rank's write raising once its optimizer-state file is written."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
@@ -77,29 +88,34 @@ def main() -> None:
     fabric.launch()
     fabric.seed_everything(3)
     model, optimizer = build(fabric)
+    no_sync_warnings = step_without_backward_sync(fabric, model, optimizer)
     losses = fit(fabric, model, optimizer, steps=6)
     trained = weights(fabric, model)
-    fabric.save(arguments.checkpoint, {"model": model, "optimizer": optimizer, "step": 6})
+    engine_steps = fabric.strategy.model.global_steps
+    user_state = {"step": 6, "global_steps": 60, "mp_world_size": 4}
+    fabric.save(arguments.checkpoint, {"model": model, "optimizer": optimizer, **user_state})
     fit(fabric, model, optimizer, steps=2)
     trained_further = weights(fabric, model)
     failed_save = save_failing_half_way(
         fabric, arguments.checkpoint, {"model": model, "optimizer": optimizer, "step": 8}
     )
-    try:
+    try:  # caught as with Lightning's DeepSpeed strategy, and as this project's CheckpointError
         fabric.load(str(Path(arguments.checkpoint).with_name("missing.ckpt")), {"model": model})
         missing = "no error"
-    except CheckpointError as error:
-        missing = str(error)
+    except FileNotFoundError as error:
+        missing = str(error) if isinstance(error, CheckpointError) else f"not a CheckpointError: {error}"
     fabric.seed_everything(99)  # a differently initialised model, then restored from the checkpoint
     fresh_model, fresh_optimizer = build(fabric)
-    state = {"model": fresh_model, "optimizer": fresh_optimizer, "step": 0}
+    state = {"model": fresh_model, "optimizer": fresh_optimizer, "step": 0, "global_steps": 0, "mp_world_size": 0}
     fabric.load(arguments.checkpoint, state)
     restored = weights(fabric, fresh_model)
     if fabric.global_rank == 0:
         with open(arguments.out, "w") as file:
             json.dump({"losses": losses, "trained": trained, "restored": restored, "step": state["step"],
                        "trained_further": trained_further, "failed_save": failed_save, "missing": missing,
-                       "strategy_class": type(fabric.strategy).__name__}, file)  # fmt: skip
+                       "strategy_class": type(fabric.strategy).__name__, "no_sync_warnings": no_sync_warnings,
+                       "user_state": {key: state[key] for key in user_state}, "engine_steps": engine_steps,
+                       "restored_engine_steps": fabric.strategy.model.global_steps}, file)  # fmt: skip
 
 
 if __name__ == "__main__":

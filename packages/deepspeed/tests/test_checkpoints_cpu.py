@@ -34,11 +34,13 @@ def test_resume_equals_uninterrupted_training(train, tmp_path, name):
     assert resumed["global_step"] == 2 * STEPS
     assert resumed["optimizer_steps"] == STEPS  # only the second half ran in the new process
     assert resumed["learning_rate"] == pytest.approx(uninterrupted["learning_rate"])  # scheduler restored
+    assert resumed["loaded_mp_world_size"] == 4  # the model's own entry, kept apart from DeepSpeed's
     assert_weights_close(resumed["weights"], uninterrupted["weights"], tolerance=1e-6)
 
     # Conversion to one plain state dict: the weights of the first half, loadable without DeepSpeed.
     converted = convert_zero_checkpoint(checkpoint, tmp_path / "plain.ckpt")
     assert converted["global_step"] == STEPS
+    assert converted["mp_world_size"] == 4
     plain = torch.load(tmp_path / "plain.ckpt", weights_only=False)["state_dict"]
     assert_weights_close(plain, first_half["weights"])
 

@@ -1,5 +1,6 @@
 """The Fabric strategy on 2 CPU processes: training lowers the loss; save and load restore the weights,
-also after a later save to the same path failed half way."""
+also after a later save to the same path failed half way, and the user's entries named like DeepSpeed's;
+no_backward_sync warns and goes on, as with Lightning's DeepSpeed strategy."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 
 import pytest
 from conftest import HERE, clean_environment
+
+from lightning_strategies_deepspeed.checkpoint import convert_zero_checkpoint
 
 
 @pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_3"])
@@ -27,3 +30,8 @@ def test_fabric_trains_saves_and_loads(tmp_path, name):
     assert report["trained_further"] != report["trained"]  # so the failed save had something else to write
     assert [path.name for path in tmp_path.glob("*.ckpt")] == ["fabric.ckpt"]
     assert report["missing"].startswith("No checkpoint at") and "missing.ckpt" in report["missing"]
+    assert report["user_state"] == {"step": 6, "global_steps": 60, "mp_world_size": 4}
+    assert report["restored_engine_steps"] == report["engine_steps"]  # DeepSpeed's own count, not the user's 60
+    assert any("does not support skipping the gradient synchronization" in text for text in report["no_sync_warnings"])
+    # Converted to full weights, the user's entries are there too.
+    assert convert_zero_checkpoint(tmp_path / "fabric.ckpt")["global_steps"] == 60

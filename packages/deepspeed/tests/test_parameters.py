@@ -6,9 +6,12 @@ import json
 import warnings
 
 import pytest
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
 
@@ -125,6 +128,30 @@ def test_config_file_and_environment_variable(tmp_path, monkeypatch):
     broken.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         DeepSpeedStrategy(config=broken)
+
+
+@pytest.mark.parametrize("strategy_class", [DeepSpeedStrategy, DeepSpeedFabricStrategy])
+def test_a_missing_config_file_is_the_error_lightning_raises(strategy_class):
+    # Lightning's Trainer strategy raises MisconfigurationException there, its Fabric strategy FileNotFoundError.
+    for error in (MisconfigurationException, FileNotFoundError):
+        with pytest.raises(error, match=r"no such file\. Pass the path of a DeepSpeed JSON config"):
+            strategy_class(config="/no/such/ds_config.json")
+
+
+@pytest.mark.parametrize("indices", [[1, 0], [0, 2], [1]])
+@pytest.mark.parametrize("strategy_class", [DeepSpeedStrategy, DeepSpeedFabricStrategy])
+def test_gpus_other_than_the_local_ranks_are_refused(strategy_class, indices):
+    # No CUDA call happens before the check, so it runs on any machine.
+    strategy = strategy_class(parallel_devices=[torch.device("cuda", index) for index in indices])
+    setup = strategy.setup_distributed if strategy_class is DeepSpeedStrategy else strategy._setup_distributed
+    expected = rf"CUDA_VISIBLE_DEVICES={','.join(map(str, indices))} and devices={len(indices)}"
+    with pytest.raises(RuntimeError, match=expected):
+        setup()
+
+
+@pytest.mark.parametrize("devices", [[torch.device("cuda", 0), torch.device("cuda", 1)], [torch.device("cpu")] * 2])
+def test_gpus_in_local_rank_order_and_cpus_pass_the_device_check(devices):
+    assert settings.check_device_indices(devices) is None
 
 
 def test_newer_deepspeed_options_pass_through_untouched():

@@ -107,9 +107,11 @@ def test_checkpoints_of_other_strategies_are_named_with_how_to_load_them(tmp_pat
         (dcp_folder, "torch.distributed.checkpoint folder.*lightning_strategies_fsdp.convert"),
         (colossalai_folder, "ColossalAI sharded checkpoint.*load_full_weights=True.*state_dict_type='full'"),
         (unknown_folder, "no checkpoint layout this project knows.*Check the path"),
+        (tmp_path / "missing.ckpt", "No checkpoint at"),
     ]:
-        with pytest.raises(CheckpointError, match=expected):
+        with pytest.raises(CheckpointError, match=expected) as caught:
             checkpoints.inspect(path)
+        assert isinstance(caught.value, FileNotFoundError)  # what Lightning's DeepSpeed strategy raises there
 
 
 def test_full_weights_loading_refuses_a_deepspeed_directory_and_damaged_files(saved, tmp_path):

@@ -26,6 +26,7 @@ class Regression(LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
         self.optimizer_steps = 0
         self.backward_calls = 0
+        self.loaded_mp_world_size = None
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
@@ -42,6 +43,12 @@ class Regression(LightningModule):
 
     def on_before_optimizer_step(self, optimizer):
         self.optimizer_steps += 1
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["mp_world_size"] = 4  # a user's entry named like one of DeepSpeed's own
+
+    def on_load_checkpoint(self, checkpoint):
+        self.loaded_mp_world_size = checkpoint.get("mp_world_size")
 
     def configure_optimizers(self):
         parameters = self.parameters()
@@ -142,6 +149,7 @@ def main() -> None:
             "ds_accelerator": _deepspeed_accelerator(),
             "environment_accelerator": os.environ.get("DS_ACCELERATOR"),
             "learning_rate": trainer.optimizers[0].param_groups[0]["lr"],
+            "loaded_mp_world_size": model.loaded_mp_world_size,
         }
         torch.save(result, Path(arguments.out))
 

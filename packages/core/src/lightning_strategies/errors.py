@@ -33,3 +33,7 @@ class PluginLoadError(RuntimeError):
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: missing, truncated, corrupted, or from another strategy
     or world size that this one cannot read."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No checkpoint a strategy reads at the path; a FileNotFoundError too, as Lightning's strategies raise there."""

@@ -21,7 +21,7 @@ import torch
 
 from lightning_strategies.checkpoint_formats import foreign_checkpoint_error
 from lightning_strategies.checkpoints import check_file, load_file, staged_save
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies.errors import CheckpointError, CheckpointNotFoundError
 from lightning_strategies_deepspeed import compatibility
 
 TAG = "checkpoint"
@@ -38,9 +38,12 @@ _DEEPSPEED_KEYS = frozenset(
         "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
         "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
         "skipped_steps", "global_steps", "global_samples", "dp_world_size", "mp_world_size", "ds_config",
-        "ds_version", "universal_checkpoint_info",
+        "ds_version", "universal_checkpoint_info", "checkpoint_parallel_dimensions",
     }
 )  # fmt: skip
+# Where the user's entries named like one of those travel: DeepSpeed would overwrite its own value with
+# the user's on save (a wrong mp_world_size breaks the next load) or drop the user's on load.
+_SHADOWED_KEYS = "lightning_strategies_shadowed_keys"
 
 
 def _is_tag_folder(path: Path) -> bool:
@@ -76,9 +79,20 @@ class CheckpointLocation:
         return self.directory / self.tag
 
 
-def universal_info() -> dict[str, Any]:
-    """The marker DeepSpeed's universal conversion requires in a checkpoint's client state."""
-    return {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
+def _client_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The user's (or Lightning's) state as DeepSpeed's client state, safe from DeepSpeed's own keys."""
+    client_state = {key: value for key, value in state.items() if key not in _DEEPSPEED_KEYS}
+    shadowed = {key: value for key, value in state.items() if key in _DEEPSPEED_KEYS}
+    if shadowed:
+        client_state[_SHADOWED_KEYS] = shadowed
+    # The marker DeepSpeed's universal conversion requires in a checkpoint's client state.
+    client_state["universal_checkpoint_info"] = {"universal_checkpoint_version": 0.2}
+    return client_state
+
+
+def _restore_shadowed_keys(client_state: dict[str, Any]) -> dict[str, Any]:
+    client_state.update(client_state.pop(_SHADOWED_KEYS, None) or {})
+    return client_state
 
 
 def locate(path: str | os.PathLike) -> CheckpointLocation:
@@ -102,16 +116,17 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
     if len(tags) == 1:
         return CheckpointLocation(path, tags[0], path.joinpath(tags[0], "zero").is_dir())
     if len(tags) > 1:
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"{path} holds several DeepSpeed checkpoints ({', '.join(tags)}) and no 'latest' file naming one. "
             f"Pass the one to load, e.g. {path / tags[-1]}."
         )
     if not path.exists():
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"No checkpoint at {path}. Check the path: a DeepSpeed checkpoint is the directory given to "
             "trainer.save_checkpoint or written by ModelCheckpoint (a 'latest' file and a 'checkpoint' folder)."
         )
-    raise foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS)
+    # Lightning's DeepSpeed strategies raise FileNotFoundError for a path that holds no DeepSpeed checkpoint.
+    raise CheckpointNotFoundError(*foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS).args)
 
 
 def inspect(
@@ -156,13 +171,16 @@ def load_into_engine(
             f"DeepSpeed found nothing to load in {location.tag_folder}. Pass the directory the strategy saved, or "
             "a single weights file with load_full_weights=True."
         )
-    return client_state
+    return _restore_shadowed_keys(client_state)
 
 
 def save(engine: Any, path: Path, client_state: dict[str, Any], exclude_frozen_parameters: bool) -> None:
     """Write the engine's checkpoint directory at ``path`` (on every rank), complete when this returns."""
     engine.save_checkpoint(
-        str(path), client_state=client_state, tag=TAG, exclude_frozen_parameters=exclude_frozen_parameters
+        str(path),
+        client_state=_client_state(client_state),
+        tag=TAG,
+        exclude_frozen_parameters=exclude_frozen_parameters,
     )
     if getattr(engine.checkpoint_engine, "is_decoupled", lambda: False)():
         # A decoupled writer finishes in the background and is committed at the next step, but the
@@ -251,7 +269,9 @@ def convert_zero_checkpoint(
             name: tensor.float() if tensor.is_floating_point() else tensor
             for name, tensor in client_state["module"].items()
         }
-    converted = {key: value for key, value in client_state.items() if key not in _DEEPSPEED_KEYS}
+    converted = _restore_shadowed_keys(
+        {key: value for key, value in client_state.items() if key not in _DEEPSPEED_KEYS}
+    )
     converted["state_dict"] = dict(state_dict)
     if output_file is not None:
         Path(output_file).parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Turning the strategy's parameters into a DeepSpeed config, and completing one at setup.
 
-Pure Python (no torch, no deepspeed), shared by the Trainer and the Fabric strategy. Every
+No torch or deepspeed calls, shared by the Trainer and the Fabric strategy. Every
 parameter of Lightning's DeepSpeedStrategy is either written into the config where DeepSpeed
 0.16-0.19 reads it, or accepted with a warning saying why it has no effect in the chosen set-up.
 """
@@ -11,9 +11,11 @@ import copy
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
 
@@ -85,6 +87,11 @@ _STAGE_3_ONLY = ("sub_group_size", "remote_device", "offload_parameters")
 _PARAMETER_OFFLOAD_ONLY = ("params_buffer_count", "params_buffer_size", "max_in_cpu")
 _NVME_ONLY = ("block_size", "queue_depth", "single_submit", "overlap_events", "thread_count", "optimizer_buffer_count")
 _FP16_ONLY = ("loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale")
+
+
+class ConfigFileNotFoundError(FileNotFoundError, MisconfigurationException):
+    """A DeepSpeed config path with no file; Lightning's Trainer strategy raises MisconfigurationException, Fabric's
+    FileNotFoundError."""
 
 
 def validate_parameters(parameters: Mapping[str, Any]) -> None:
@@ -246,7 +253,7 @@ def load_user_config(config: str | os.PathLike | Mapping[str, Any] | None) -> di
         )
     path = Path(config)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigFileNotFoundError(
             f"{STRATEGY}(config={str(config)!r}): no such file. Pass the path of a DeepSpeed JSON config, or a dict."
         )
     try:
@@ -258,6 +265,22 @@ def load_user_config(config: str | os.PathLike | Mapping[str, Any] | None) -> di
             f"{STRATEGY}: the DeepSpeed config {str(path)!r} must hold a JSON object, not {type(loaded).__name__}."
         )
     return loaded
+
+
+def check_device_indices(devices: Sequence[Any]) -> None:
+    """Refuse CUDA devices other than cuda:0..N-1 in rank order: DeepSpeed puts each process on cuda:<local rank>.
+
+    Lightning would run local rank r on ``devices[r]`` and DeepSpeed on cuda:r, so devices=[1, 0] or [0, 2]
+    would train (and reduce) on other GPUs than the ones chosen, or two processes on one GPU.
+    """
+    indices = [device.index for device in devices if device.type == "cuda"]
+    if not indices or indices == list(range(len(devices))):
+        return
+    raise RuntimeError(
+        f"The GPUs chosen ({indices}) are not cuda:0 to cuda:{len(devices) - 1} in rank order, but DeepSpeed runs "
+        f"each process on the GPU numbered as its local rank. Choose the GPUs with the environment instead: "
+        f"CUDA_VISIBLE_DEVICES={','.join(str(index) for index in indices)} and devices={len(devices)}."
+    )
 
 
 def zero_stage(config: Mapping[str, Any]) -> int:

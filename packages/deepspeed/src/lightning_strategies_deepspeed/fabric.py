@@ -130,6 +130,9 @@ class DeepSpeedFabricStrategy(DDPStrategy):
             timeout=timeout,
         )
         self._own_precision_given = precision is not None
+        # The engine reduces gradients only on the accumulation boundary its config sets, so there is no
+        # reduction to skip: fabric.no_backward_sync then warns and goes on, as with Lightning's DeepSpeed.
+        self._backward_sync_control = None
         self.parameters = parameters
         self.config: dict[str, Any] = user_config if user_config is not None else settings.build_config(parameters)
         self.remote_device = remote_device
@@ -168,6 +171,8 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         super().setup_environment()
 
     def _setup_distributed(self) -> None:
+        assert self.parallel_devices is not None
+        settings.check_device_indices(self.parallel_devices)
         super()._setup_distributed()
         watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
@@ -262,7 +267,6 @@ class DeepSpeedFabricStrategy(DDPStrategy):
             for key, value in state.items()
             if not isinstance(value, (Module, Optimizer)) and not _is_deepspeed_optimizer(value)
         }
-        client_state.update(checkpoints.universal_info())
         path = self.broadcast(str(path))
         # Staged and published in one rename once every rank has written: a save killed half way
         # leaves the previous checkpoint whole.

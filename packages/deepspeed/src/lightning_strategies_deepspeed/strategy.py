@@ -155,6 +155,8 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         super().setup_environment()
 
     def setup_distributed(self) -> None:
+        assert self.parallel_devices is not None
+        settings.check_device_indices(self.parallel_devices)
         super().setup_distributed()
         watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
@@ -357,7 +359,6 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         client_state = {
             key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")
         }
-        client_state.update(checkpoints.universal_info())
         with staged_save(filepath, self.is_global_zero, self.barrier) as staged:
             checkpoints.save(self.model, staged, client_state, self.exclude_frozen_parameters)
 
