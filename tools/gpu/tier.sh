@@ -3,8 +3,9 @@
 # wheelhouse: `bash tools/gpu/tier.sh [PACKAGE...]` (default: all three).
 #
 # PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S
-# (240), so one hang cannot eat the whole call. Logs and a summary go to $OUT as they are written,
-# so a killed call still returns them.
+# (240), so one hang cannot eat the whole call. A test gets TIER_TEST_TIMEOUT_S (180; pytest-timeout
+# is in the GPU image) and fails with its traceback instead of silencing the tests after it. Logs
+# and a summary go to $OUT as they are written, so a killed call still returns them.
 #
 # JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
 # minutes compiling: `.kernels/kernels.tar.gz.part-*` beside the checkout (name `.kernels` in the
@@ -36,7 +37,7 @@ for item in "${packages[@]}"; do
   [ "$limit" != "$item" ] || limit=${TIER_LIMIT_S:-240}
   start=$(date +%s)
   timeout "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
-    -p no:cacheprovider 2>&1 | tee "$out/$package.log"
+    --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider 2>&1 | tee "$out/$package.log"
   code=${PIPESTATUS[0]}
   [ "$code" -eq 0 ] || status=1
   counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$out/$package.log" | tail -1)
