@@ -165,3 +165,16 @@ def test_conformance_suite(name: str, tmp_path) -> None:
     conformance = pytest.importorskip("lightning_strategies.conformance")
     report = conformance.run_check(name, accelerator="cpu", devices=2, workdir=tmp_path)
     assert report.passed, str(report)
+
+
+def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
+    """The choice behind the two-GPU clipping test (tests/test_gpu.py), which only a GPU machine runs."""
+    import torch
+
+    from lightning_strategies_fsdp.options import parse_options
+    from lightning_strategies_fsdp.sharding import mesh_backends
+
+    offloading, plain = parse_options(cpu_offload=True), parse_options()
+    assert mesh_backends(offloading, torch.device("cuda", 0), 2) == {0: "cpu:gloo,cuda:nccl", 1: "cpu:gloo,cuda:nccl"}
+    assert mesh_backends(plain, torch.device("cuda", 0), 1) is None
+    assert mesh_backends(offloading, torch.device("cpu"), 1) is None  # gloo already carries everything

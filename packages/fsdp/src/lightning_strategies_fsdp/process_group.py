@@ -14,7 +14,6 @@ from lightning.fabric.utilities.distributed import _get_default_process_group_ba
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.fabric.utilities.seed import reset_seed
 from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero_only
-from torch.distributed.fsdp import CPUOffloadPolicy
 
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_fsdp.sharding import build_mesh
@@ -64,19 +63,13 @@ class ProcessGroupMixin:
             self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
         rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
 
-    def _default_backend(self) -> str:
-        backend = _get_default_process_group_backend_for_device(self.root_device)
-        if backend == "nccl" and isinstance(self.options.offload_policy, CPUOffloadPolicy):
-            # Offloaded gradients are CPU tensors: clip_grad_norm_ all-reduces their norm, and DCP
-            # gathers CPU objects, over the default group, which NCCL alone cannot carry.
-            return "cpu:gloo,cuda:nccl"
-        return backend
-
     def connect_processes(self) -> None:
         """Join the process group and build the device mesh (from setup_environment)."""
         reset_seed()
         self.set_world_ranks()
-        self._process_group_backend = self._process_group_backend or self._default_backend()
+        self._process_group_backend = self._process_group_backend or _get_default_process_group_backend_for_device(
+            self.root_device
+        )
         assert self.cluster_environment is not None
         device_id = self.root_device if self.root_device.type != "cpu" else None
         _init_dist_connection(

@@ -26,7 +26,19 @@ def build_mesh(options: ShardingOptions, device: torch.device, world_size: int, 
     if isinstance(options.device_mesh, DeviceMesh):
         return options.device_mesh
     shape = mesh_shape(options, world_size, num_nodes)
-    return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIM_NAMES[len(shape)])
+    backends = mesh_backends(options, device, len(shape))
+    override = {"backend_override": backends} if backends else {}  # an argument since torch 2.7 or so
+    return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIM_NAMES[len(shape)], **override)
+
+
+def mesh_backends(options: ShardingOptions, device: torch.device, dimensions: int) -> dict[int, str] | None:
+    """Offloaded gradients are CPU DTensors on a CUDA mesh: clip_grad_norm_ reduces their norm over the
+    mesh's groups, which NCCL alone cannot carry ("No backend type associated with device type cpu",
+    seen on two H200s). Those groups get gloo for CPU tensors, whichever backend the default group has
+    (an earlier Trainer in the process may have made it NCCL-only)."""
+    if device.type != "cuda" or not isinstance(options.offload_policy, CPUOffloadPolicy):
+        return None
+    return dict.fromkeys(range(dimensions), "cpu:gloo,cuda:nccl")
 
 
 def shard_model(
