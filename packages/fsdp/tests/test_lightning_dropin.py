@@ -35,6 +35,7 @@ def dropin_run(scenario_root: Path) -> Path:
         "sharded",
         "converted",  # sharded -> full with the converter: KeyError 'param_groups.<name>.lr' before
         "ddp",  # a DDP checkpoint: optimizer state keyed by position, no tensors
+        "full_by_ddp",  # the other way: Trainer(strategy="ddp") resumes our full checkpoint
     ],
 )
 def test_resumes_checkpoints_of_an_optimizer_without_state(dropin_run: Path, label: str) -> None:

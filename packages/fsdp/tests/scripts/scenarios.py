@@ -601,8 +601,9 @@ def group_dropin(results: Results, args: argparse.Namespace) -> None:
         "ddp": ("ddp", out / "ddp.ckpt"),
     }
     resumed = {}
+    full_weights_by_case = {}
     for label, (kind, path) in cases.items():
-        saved = first_run(kind, path)
+        saved = full_weights_by_case[label] = first_run(kind, path)
         result = _resume_from(path)
         resumed[label] = {
             "global_step": result["global_step"],
@@ -620,6 +621,15 @@ def group_dropin(results: Results, args: argparse.Namespace) -> None:
                 "weights_equal_saved": equal_weights(result["weights"], saved),
                 "lr": result["lr"],
             }
+    # The other way, as Lightning tests its own: DDP resumes the full checkpoint (optimizer states keyed by name).
+    at_start = WeightsAtStart()
+    ddp = trainer("ddp", steps=4, limit_val_batches=0, callbacks=[at_start])
+    ddp.fit(TinyTransformer(optimizer="sgd"), one_batch_loader(), one_batch_loader(), ckpt_path=cases["full"][1])
+    resumed["full_by_ddp"] = {
+        "global_step": ddp.global_step,
+        "weights_equal_saved": equal_weights(at_start.weights, full_weights_by_case["full"]),
+        "lr": ddp.optimizers[0].param_groups[0]["lr"],
+    }
     results.write("dropin_resume", resumed)
 
     # Without optimizer states, fit refuses (as Lightning's FSDPStrategy); validate loads the weights.
