@@ -51,3 +51,8 @@ def names_run(scenario_root: Path) -> Path:
 @pytest.fixture(scope="session")
 def reference_run(scenario_root: Path) -> Path:
     return run_group("reference", scenario_root / "reference")
+
+
+@pytest.fixture(scope="session")
+def fabric_run(scenario_root: Path) -> Path:
+    return run_group("fabric", scenario_root / "fabric")

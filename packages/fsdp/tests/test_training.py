@@ -138,8 +138,8 @@ def test_fsdp1_only_knobs_warn_what_fsdp2_does_instead(features_run: Path) -> No
     assert any("use_orig_params" in warning and "DTensor" in warning for warning in result["warnings"])
 
 
-def test_fabric_trains_saves_and_loads(scenario_root: Path) -> None:
-    result = read(run_group("fabric", scenario_root / "fabric"), "fabric")
+def test_fabric_trains_saves_and_loads(fabric_run: Path) -> None:
+    result = read(fabric_run, "fabric")
     assert result["strategy_class"] == "FSDP2FabricStrategy"
     assert result["losses"][-1] < result["losses"][0]
     assert result["checkpoint_is_folder"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoint_io import reads_torch_save_files, weights_only_keyword
+from lightning_strategies.checkpoint_io import staged_checkpoint as staged_checkpoint_io
 from lightning_strategies.checkpoints import load_file, staged_save
 from lightning_strategies.errors import CheckpointError
+from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
     METADATA_FILE,
     check_checkpoint_path,
@@ -65,14 +68,57 @@ def staged_checkpoint(
     path: Path, is_global_zero: bool = True, barrier: Callable[[], None] = lambda: None
 ) -> Iterator[Path]:
     """Core's ``staged_save``, refusing first to replace a folder that holds something other than a checkpoint."""
+    refuse_replacing_folder(path)
+    with staged_save(path, is_global_zero, barrier) as staged:
+        yield staged
+
+
+def refuse_replacing_folder(path: Path) -> None:
     if path.is_dir() and not is_sharded_checkpoint(path) and any(path.iterdir()):
         # Publishing swaps out whatever is at the path; a user's folder must not be lost to a mistyped name.
         raise IsADirectoryError(
             f"Cannot save a checkpoint to {path}: it is a folder that holds no checkpoint, and saving replaces what "
             "is at the path. Choose another path, or remove the folder first."
         )
-    with staged_save(path, is_global_zero, barrier) as staged:
-        yield staged
+
+
+@contextmanager
+def staged_full_checkpoint(
+    path: Path, checkpoint_io: Any, is_global_zero: bool, barrier: Callable[[], None]
+) -> Iterator[Path]:
+    """Where a CheckpointIO writes a full checkpoint: staged as every save is, unless the CheckpointIO writes
+    in the background (then nothing could publish the file once written, so it writes under the name)."""
+    refuse_replacing_folder(path)
+    with staged_checkpoint_io(path, checkpoint_io, is_global_zero, barrier) as staged:
+        yield Path(staged)
+
+
+def checkpoint_io_writer(checkpoint_io: Any, storage_options: Any = None) -> Callable[[dict[str, Any], Path], None]:
+    """Full checkpoints are written by the strategy's CheckpointIO, as Lightning's are."""
+
+    def write(checkpoint: dict[str, Any], path: Path) -> None:
+        checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
+
+    return write
+
+
+def checkpoint_io_reader(checkpoint_io: Any, weights_only: bool | None) -> Callable[[Path], dict[str, Any]] | None:
+    """A user's CheckpointIO reads the full checkpoint files it wrote. Lightning's own (torch.save files) are read
+    by ``load_into`` instead, checked first and memory-mapped: None."""
+    if reads_torch_save_files(checkpoint_io):
+        return None
+    return lambda path: checkpoint_io.load_checkpoint(path, **weights_only_keyword(weights_only))
+
+
+def warn_if_checkpoint_io_unused(checkpoint_io: Any) -> None:
+    """Sharded checkpoints are DCP folders: a user's CheckpointIO has no part in them."""
+    if checkpoint_io is not None and not reads_torch_save_files(checkpoint_io):
+        warnings.warn(
+            f"{STRATEGY}(state_dict_type='sharded') writes its checkpoint folders with torch.distributed.checkpoint; "
+            f"the {type(checkpoint_io).__name__} plugin is used for state_dict_type='full' only. Pass "
+            "state_dict_type='full' to save through it.",
+            stacklevel=3,
+        )
 
 
 def save_sharded(
@@ -85,10 +131,22 @@ def save_sharded(
         torch.save(metadata, path / METADATA_FILE)
 
 
-def save_full(path: Path, checkpoint: dict[str, Any], rank: int) -> None:
-    """Write a full checkpoint file at the staging ``path`` from rank 0."""
+def save_full(
+    path: Path, checkpoint: dict[str, Any], rank: int, write: Callable[[dict[str, Any], Path], None] | None = None
+) -> None:
+    """Write a full checkpoint file at the staging ``path`` from rank 0, with ``write`` (a CheckpointIO's
+    ``save_checkpoint``) or ``torch.save``."""
     if rank == 0:
-        torch.save(checkpoint, path)
+        (write or torch.save)(checkpoint, path)
+
+
+class OptimizerStatesError(CheckpointError, KeyError, RuntimeError):
+    """The checkpoint holds no optimizer state for an optimizer being resumed, or states of another number of
+    optimizers. Lightning's FSDPStrategy raises KeyError for the first and RuntimeError for the second; this is
+    both, so existing ``except`` clauses still catch it."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 def load_into(
@@ -98,16 +156,57 @@ def load_into(
     optimizers: Mapping[str, Optimizer],
     strict: bool = True,
     weights_only: bool | None = None,
+    all_optimizers: bool = False,
+    read_full: Callable[[Path], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Load ``model`` and ``optimizers`` (by key) from either kind of checkpoint; return the rest.
 
     ``weights_only`` is Lightning's: None leaves torch's default (True since torch 2.6), which
-    Lightning's own loop state, callbacks and plain hyperparameters pass.
+    Lightning's own loop state, callbacks and plain hyperparameters pass. Every optimizer given must
+    have its state in the checkpoint; with ``all_optimizers`` (a Trainer resuming) the checkpoint must
+    also hold no other optimizer states. ``read_full`` reads a full checkpoint file in place of
+    ``torch.load`` (a user's CheckpointIO).
     """
-    check_checkpoint_path(path)
+    if read_full is None or path.is_dir():  # a user's CheckpointIO checks the files it reads itself
+        check_checkpoint_path(path)
     if is_sharded_checkpoint(path):
-        return _load_sharded(path, model, model_key, optimizers, strict, weights_only)
-    return _load_full(path, model, model_key, optimizers, strict, weights_only)
+        return _load_sharded(path, model, model_key, optimizers, strict, weights_only, all_optimizers)
+    if read_full is not None:
+        checkpoint = read_full(path)
+    else:
+        checkpoint = load_file(path, weights_only, mmap=True, map_location="cpu")
+    return load_full_state(path, checkpoint, model, model_key, optimizers, strict, all_optimizers)
+
+
+def check_optimizer_states(
+    path: Path, saved: Iterable[str], optimizers: Mapping[str, Optimizer], all_optimizers: bool
+) -> None:
+    """Refuse, before anything loads, to resume optimizers the checkpoint has no states for.
+
+    Resuming with fresh optimizer states would restart momentum and step counts while reporting a resume.
+    """
+    saved = set(saved)
+    missing = [key for key in optimizers if key not in saved]
+    if all_optimizers:
+        saved_count = len([key for key in saved if _is_optimizer_key(key)])
+        if missing and not saved_count:
+            raise OptimizerStatesError(
+                f"The checkpoint {path} holds the model but no optimizer states (it was saved with "
+                "save_weights_only=True or weights_only=True), so training cannot resume from it. Load only the "
+                "weights instead (Model.load_from_checkpoint, or trainer.validate/test with ckpt_path), or resume "
+                "from a checkpoint saved with optimizer states."
+            )
+        if saved_count != len(optimizers):
+            raise OptimizerStatesError(
+                f"The checkpoint {path} holds the states of {saved_count} optimizer(s) but {len(optimizers)} are "
+                "configured. Resume with the same optimizers as the run that saved it (configure_optimizers), or "
+                "load only the weights (Model.load_from_checkpoint)."
+            )
+    if missing:
+        raise OptimizerStatesError(
+            f"The checkpoint {path} has no optimizer state under {missing} (it has: {sorted(saved)}). Load with the "
+            "optimizers under the keys they were saved with, or leave them out of the state to keep them fresh."
+        )
 
 
 def _load_sharded(
@@ -117,9 +216,11 @@ def _load_sharded(
     optimizers: Mapping[str, Optimizer],
     strict: bool,
     weights_only: bool | None,
+    all_optimizers: bool,
 ) -> dict[str, Any]:
     metadata = checked_sharded_metadata(path, weights_only)
     available = stored_keys(metadata)
+    check_optimizer_states(path, available, optimizers, all_optimizers)
     if model_key not in available:
         raise CheckpointError(
             f"The sharded checkpoint {path} has no model state under {model_key!r} (it has: {sorted(available)}). "
@@ -132,23 +233,24 @@ def _load_sharded(
     load_sharded_state(state, path, metadata, weights_only, allow_partial_load=not strict)
     set_model_state_dict(model, state[model_key], options=StateDictOptions(strict=strict))
     for key, optimizer in optimizers.items():
-        if key not in available:
-            continue  # saved without optimizer states (save_weights_only): keep the fresh optimizer
         optimizer_sd = {key: optimizer_state(model, optimizer, full=False)}
         load_sharded_state(optimizer_sd, path, metadata, weights_only)
         set_optimizer_state_dict(model, optimizer, optimizer_sd[key])
     return rest
 
 
-def _load_full(
+def load_full_state(
     path: Path,
+    checkpoint: dict[str, Any],
     model: nn.Module,
     model_key: str,
     optimizers: Mapping[str, Optimizer],
-    strict: bool,
-    weights_only: bool | None,
+    strict: bool = True,
+    all_optimizers: bool = False,
 ) -> dict[str, Any]:
-    checkpoint = split_trainer_optimizers(load_file(path, weights_only, mmap=True, map_location="cpu"))
+    """Load ``model`` and ``optimizers`` from the contents of a full checkpoint file; return the rest."""
+    checkpoint = split_trainer_optimizers(checkpoint)
+    check_optimizer_states(path, checkpoint, optimizers, all_optimizers)
     if model_key not in checkpoint:
         raise CheckpointError(
             f"The checkpoint file {path} has no model state under {model_key!r} (it has: {sorted(checkpoint)}). "
@@ -158,11 +260,33 @@ def _load_full(
     full = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, checkpoint.pop(model_key), options=full)
     for key, optimizer in optimizers.items():
-        if key not in checkpoint:
-            continue
-        state = name_keyed_optimizer_state(checkpoint.pop(key), model, optimizer)
-        set_optimizer_state_dict(model, optimizer, state, options=full)
+        load_full_optimizer_state(model, optimizer, checkpoint.pop(key))
     return checkpoint
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
+    state = name_keyed_optimizer_state(with_state_entry(state), model, optimizer)
+    # torch distributes a full optimizer state onto the shards on the device of the optimizer's own tensor
+    # states. An optimizer that keeps none (plain SGD) gives it no device ("Expected device to be set"), and
+    # has nothing to distribute either: its hyperparameters load as they are.
+    full = _holds_parameter_tensors(state["state"])
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=full))
+
+
+def with_state_entry(state: Any) -> Any:
+    """DCP stores no empty containers, so a sharded optimizer state without per-parameter tensors comes back
+    without its (empty) ``state`` entry, which torch then reads as a flattened state."""
+    if isinstance(state, Mapping) and "param_groups" in state and "state" not in state:
+        return {"state": {}, **state}
+    return state
+
+
+def _holds_parameter_tensors(state: Mapping[Any, Any]) -> bool:
+    return any(
+        isinstance(value, torch.Tensor) and value.dim() > 0
+        for per_parameter in state.values()
+        for value in per_parameter.values()
+    )
 
 
 def split_trainer_optimizers(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +347,8 @@ def sharded_to_full(
     metadata = checked_sharded_metadata(source, weights_only)
     metadata_path = source / METADATA_FILE
     rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
-    checkpoint = {**_whole_state(source, metadata, weights_only), **rest}
+    whole = {key: with_state_entry(value) for key, value in _whole_state(source, metadata, weights_only).items()}
+    checkpoint = {**whole, **rest}
     if "state_dict" in checkpoint:  # a Trainer checkpoint: keep Lightning's layout
         checkpoint = join_trainer_optimizers(checkpoint)
     with staged_checkpoint(destination) as staged:

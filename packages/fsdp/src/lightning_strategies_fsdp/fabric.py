@@ -25,7 +25,8 @@ from torch.optim import Optimizer
 from lightning_strategies.checkpoints import recover_before_load
 from lightning_strategies.parameters import check_choice
 from lightning_strategies_fsdp import checkpoint as checkpoints
-from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
+from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
+from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
 from lightning_strategies_fsdp.process_group import ProcessGroupMixin
 from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
 
@@ -33,10 +34,11 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
+class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelStrategy):
     """Fully Sharded Data Parallel on ``fully_shard`` for Fabric; see ``FSDP2Strategy`` for the arguments.
 
-    Set up the model before creating its optimizer: sharding replaces the parameters.
+    ``fabric.setup(model, optimizer)`` points the optimizer at the sharded parameters (sharding replaces them);
+    creating the optimizer after ``fabric.setup(model)`` works as well.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
             device_mesh=device_mesh,
             **kwargs,
         )
+        self.mixed_precision = mixed_precision
         self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
         self._process_group_backend = process_group_backend
         self._timeout = timeout
@@ -109,16 +112,24 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
         super().setup_environment()
         self.connect_processes()
 
+    def _precision_flag(self) -> str:
+        return str(self.precision.precision)
+
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
-        raise NotImplementedError(
-            f"{STRATEGY} replaces the model's parameters when it shards them, so an optimizer created before "
-            "would update stale tensors. Set up the model first, then create and set up its optimizer: "
-            "`model = fabric.setup(model); optimizer = fabric.setup_optimizers(Adam(model.parameters()))`."
-        )
+        """Shard the module, then point each optimizer at the sharded parameters that replaced the ones it was
+        created with (matched by parameter name)."""
+        names = {parameter: name for name, parameter in module.named_parameters(remove_duplicate=False)}
+        for optimizer in optimizers:
+            _check_rebindable(optimizer, names)
+        module = self.setup_module(module)
+        sharded = dict(module.named_parameters(remove_duplicate=False))
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                group["params"] = [sharded[names[parameter]] for parameter in group["params"]]
+        return module, optimizers, scheduler
 
     def setup_module(self, module: Module) -> Module:
-        mp_policy = self.options.mp_policy or mixed_precision_for(str(self.precision.precision))
-        return shard_model(module, self.options, self.device_mesh, self.root_device, mp_policy)
+        return shard_model(module, self.options, self.device_mesh, self.root_device, self.mixed_precision_config)
 
     def module_to_device(self, module: Module) -> None:
         pass  # fully_shard places each shard
@@ -160,13 +171,17 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
         storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{STRATEGY}.save_checkpoint(storage_options=...) is not supported: DCP writes the files.")
+        full = self.state_dict_type == "full"
+        if storage_options is not None and not full:
+            raise TypeError(
+                f"{STRATEGY}(state_dict_type='sharded') writes checkpoints with torch.distributed.checkpoint, which "
+                "takes no storage_options. Drop storage_options, or save with state_dict_type='full', which writes "
+                "through the CheckpointIO plugin."
+            )
         if filter is not None:
             raise NotImplementedError(f"{STRATEGY}.save_checkpoint(filter=...) is not supported.")
         path = Path(self.broadcast(str(path)))
         _, model = _the_model(state)
-        full = self.state_dict_type == "full"
         tensors: dict[str, Any] = {}
         metadata: dict[str, Any] = {}
         for key, value in state.items():
@@ -176,11 +191,15 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
                 tensors[key] = checkpoints.optimizer_state(model, value, full)
             else:
                 metadata[key] = value.state_dict() if hasattr(value, "state_dict") else value
+        if full:
+            # The full state is gathered on rank 0 already: one file, which rank 0 writes.
+            write = checkpoints.checkpoint_io_writer(self.checkpoint_io, storage_options)
+            with checkpoints.staged_full_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as to:
+                checkpoints.save_full(to, {**tensors, **metadata}, self.global_rank, write)
+            return
+        checkpoints.warn_if_checkpoint_io_unused(self._checkpoint_io)
         with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
-            if full:
-                checkpoints.save_full(staged, {**tensors, **metadata}, self.global_rank)
-            else:
-                checkpoints.save_sharded(staged, tensors, metadata, self.global_rank)
+            checkpoints.save_sharded(staged, tensors, metadata, self.global_rank)
 
     def load_checkpoint(
         self,
@@ -200,7 +219,10 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
         recover_before_load(path, self.is_global_zero, self.barrier)
         model_key, model = _the_model(state)
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
-        rest = checkpoints.load_into(path, model, model_key, optimizers, strict=strict, weights_only=weights_only)
+        read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
+        rest = checkpoints.load_into(
+            path, model, model_key, optimizers, strict=strict, weights_only=weights_only, read_full=read_full
+        )
         for key in list(state):
             if key in (model_key, *optimizers) or key not in rest:
                 continue
@@ -209,6 +231,21 @@ class FSDP2FabricStrategy(ProcessGroupMixin, ParallelStrategy):
             else:
                 state[key] = rest.pop(key)
         return rest
+
+
+def _check_rebindable(optimizer: Optimizer, names: dict[Any, str]) -> None:
+    if optimizer.state:
+        raise ValueError(
+            f"{STRATEGY}: the {type(optimizer).__name__} passed to fabric.setup() has state already (it stepped), "
+            "which cannot follow the parameters onto their shards. Create the optimizer fresh and pass it to "
+            "fabric.setup(model, optimizer), or load its state with fabric.load() after setup."
+        )
+    foreign = sum(parameter not in names for group in optimizer.param_groups for parameter in group["params"])
+    if foreign:
+        raise ValueError(
+            f"{STRATEGY}: the {type(optimizer).__name__} passed to fabric.setup() holds {foreign} parameter(s) that "
+            "are not the model's. Create it from model.parameters() of the model set up with it."
+        )
 
 
 def _the_model(state: dict[str, Any]) -> tuple[str, Module]:

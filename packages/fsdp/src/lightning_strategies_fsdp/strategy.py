@@ -32,12 +32,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoint_io import reads_torch_save_files
 from lightning_strategies.checkpoints import recover_before_load, remove
 from lightning_strategies.parameters import check_choice
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
-from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, mixed_precision_for, parse_options
+from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
+from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
 from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
 from lightning_strategies_fsdp.process_group import ProcessGroupMixin
 from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
@@ -49,7 +51,9 @@ if TYPE_CHECKING:
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
-class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, ParallelStrategy):
+class FSDP2Strategy(
+    LightningAttributesMixin, OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, ParallelStrategy
+):
     """Fully Sharded Data Parallel on ``torch.distributed.fsdp.fully_shard`` (FSDP2).
 
     Accepts Lightning's FSDPStrategy arguments. ``sharding_strategy`` picks the mesh and
@@ -109,11 +113,15 @@ class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, P
             device_mesh=device_mesh,
             **kwargs,
         )
+        self.mixed_precision = mixed_precision
         self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
         self._process_group_backend = process_group_backend
         self._timeout = timeout
         self._device_mesh: DeviceMesh | None = None
         self.num_nodes = 1
+
+    def _precision_flag(self) -> str:
+        return str(self.precision_plugin.precision)
 
     def own_precision_plugin(self, precision: str) -> Any:
         if precision != "bf16-mixed":
@@ -160,8 +168,7 @@ class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, P
                 "Remove that wrapping (or call torch.distributed.fsdp.fully_shard in configure_model instead)."
             )
         self.model = self.precision_plugin.convert_module(self.model)
-        mp_policy = self.options.mp_policy or mixed_precision_for(str(self.precision_plugin.precision))
-        shard_model(self.model, self.options, self.device_mesh, self.root_device, mp_policy)
+        shard_model(self.model, self.options, self.device_mesh, self.root_device, self.mixed_precision_config)
         for method in STEP_METHODS:
             _register_step_method(self.model, method)
         self.barrier()
@@ -244,23 +251,32 @@ class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, P
         return checkpoints.optimizer_state(self.model, optimizer, full=self._full_state)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
+        path = Path(self.broadcast(str(filepath)))  # every process writes under rank 0's path
+        if self._full_state:
+            # The full state is gathered on rank 0 already: one file, which rank 0 writes.
+            write = checkpoints.checkpoint_io_writer(self.checkpoint_io, storage_options)
+            with checkpoints.staged_full_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as to:
+                checkpoints.save_full(to, checkpoint, self.global_rank, write)
+            return
         if storage_options is not None:
             raise TypeError(
-                f"{STRATEGY}.save_checkpoint(storage_options=...) is not supported: checkpoints are written by "
-                "torch.distributed.checkpoint, not by a CheckpointIO plugin."
+                f"{STRATEGY}(state_dict_type='sharded') writes checkpoints with torch.distributed.checkpoint, which "
+                "takes no storage_options. Drop storage_options, or save with state_dict_type='full', which writes "
+                "through the CheckpointIO plugin."
             )
-        path = Path(self.broadcast(str(filepath)))  # every process writes under rank 0's path
+        checkpoints.warn_if_checkpoint_io_unused(self._checkpoint_io)
         with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
-            if self._full_state:
-                checkpoints.save_full(staged, checkpoint, self.global_rank)
-            else:
-                tensors = {"state_dict": checkpoint.pop("state_dict")}
-                for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
-                    tensors[f"optimizer_{index}"] = state
-                checkpoints.save_sharded(staged, tensors, checkpoint, self.global_rank)
+            tensors = {"state_dict": checkpoint.pop("state_dict")}
+            for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
+                tensors[f"optimizer_{index}"] = state
+            checkpoints.save_sharded(staged, tensors, checkpoint, self.global_rank)
 
     def remove_checkpoint(self, filepath: Any) -> None:
-        if self.is_global_zero:
+        if not self.is_global_zero:
+            return
+        if Path(filepath).is_file() and not reads_torch_save_files(self.checkpoint_io):
+            self.checkpoint_io.remove_checkpoint(filepath)  # the user's CheckpointIO wrote it, and may keep more
+        else:
             remove(filepath)  # a kill half way through never leaves a partial checkpoint under the name
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
@@ -268,14 +284,18 @@ class FSDP2Strategy(OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, P
         assert self.lightning_module is not None
         path = Path(self.broadcast(str(checkpoint_path)))
         recover_before_load(path, self.is_global_zero, self.barrier)
+        # Optimizers resume only when fitting; validate/test/predict load the weights (as Lightning's FSDPStrategy).
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}
         loaded = checkpoints.load_into(
             path,
             self.model,
             "state_dict",
-            optimizers,
+            optimizers if fitting else {},
             strict=self.lightning_module.strict_loading,
             weights_only=weights_only,
+            all_optimizers=fitting,
+            read_full=checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only),
         )
         return checkpoints.join_trainer_optimizers(loaded)
 

@@ -22,6 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
@@ -44,7 +45,9 @@ class Block(nn.Module):
 
 
 class TinyTransformer(pl.LightningModule):
-    def __init__(self, meta_init: bool = False, compile_backend: str | None = None, lr: float = 0.01) -> None:
+    def __init__(
+        self, meta_init: bool = False, compile_backend: str | None = None, lr: float = 0.01, optimizer: str = "adamw"
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()  # as in the reproduction of Lightning-AI/pytorch-lightning#20373
         self.blocks: nn.ModuleList | None = None
@@ -84,6 +87,8 @@ class TinyTransformer(pl.LightningModule):
         return self(batch[0])
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.hparams.optimizer == "sgd":  # keeps no per-parameter state, as Lightning's BoringModel's
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
 
@@ -364,8 +369,8 @@ def full_file_write_fails() -> Any:
 
     real_save_full = checkpoints.save_full
 
-    def save_full(path: Path, checkpoint: dict[str, Any], rank: int) -> None:
-        real_save_full(path, checkpoint, rank)
+    def save_full(path: Path, checkpoint: dict[str, Any], rank: int, write: Any = None) -> None:
+        real_save_full(path, checkpoint, rank, write)
         if rank == 0:
             written = path.read_bytes()
             path.write_bytes(written[: len(written) // 2])
@@ -476,6 +481,54 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
     restored_optimizer = fabric.setup_optimizers(torch.optim.AdamW(restored.parameters(), lr=0.01))
     state = {"model": restored, "optimizer": restored_optimizer, "step": 0}
     fabric.load(path, state)
+    # Lightning's way: model and optimizer set up together; the optimizer must update the shards.
+    fabric.seed_everything(7)
+    joint_model = Block()
+    joint_optimizer = torch.optim.SGD(joint_model.parameters(), lr=0.1)
+    joint_model, joint_optimizer = fabric.setup(joint_model, joint_optimizer)
+    joint_start = full_weights(joint_model)
+    joint_losses = []
+    for _ in range(3):
+        loss = joint_model(x).pow(2).mean()
+        fabric.backward(loss)
+        joint_optimizer.step()
+        joint_optimizer.zero_grad()
+        joint_losses.append(float(loss))
+    joint_optimizer_params = {id(param) for group in joint_optimizer.param_groups for param in group["params"]}
+    results.write(
+        "fabric_joint_setup",
+        {
+            "losses": joint_losses,
+            "weights_changed": not equal_weights(full_weights(joint_model), joint_start),
+            "optimizer_holds_the_sharded_parameters": joint_optimizer_params
+            == {id(param) for param in joint_model.parameters()},
+        },
+    )
+    # A user's CheckpointIO writes and reads full checkpoints (Fabric's connector sets it on the strategy so).
+    io = CountingCheckpointIO()
+    fabric.strategy.checkpoint_io = io
+    fabric.strategy.state_dict_type = "full"
+    joint_saved = full_weights(joint_model)
+    fabric.save(results.out / "fabric_io.ckpt", {"model": joint_model, "optimizer": joint_optimizer})
+    fabric.backward(joint_model(x).pow(2).mean())
+    joint_optimizer.step()
+    fabric.load(results.out / "fabric_io.ckpt", {"model": joint_model, "optimizer": joint_optimizer})
+    results.write(
+        "fabric_checkpoint_io",
+        {"calls": io.calls, "loaded_weights_equal": equal_weights(full_weights(joint_model), joint_saved)},
+    )
+    fabric.strategy.state_dict_type = "sharded"
+
+    strategy_ = fabric.strategy
+    results.write(
+        "fabric_attributes",
+        {
+            "sharding_strategy": repr(strategy_.sharding_strategy),
+            "cpu_offload": repr(strategy_.cpu_offload),
+            "mixed_precision_config": repr(strategy_.mixed_precision_config),
+        },
+    )
+
     results.write(
         "fabric",
         {
@@ -490,6 +543,135 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
     )
 
 
+class CountingCheckpointIO(TorchCheckpointIO):
+    """A user's CheckpointIO: counts its calls and marks what it writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self.calls.append("save")
+        super().save_checkpoint({**checkpoint, "written_by": "CountingCheckpointIO"}, path, storage_options)
+
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> Any:
+        self.calls.append("load")
+        checkpoint = super().load_checkpoint(path, weights_only=weights_only)
+        checkpoint.pop("written_by")  # only a file this plugin wrote has it
+        return checkpoint
+
+
+def _resume_from(path: Path, kind: str = "sharded", steps: int = 4, **trainer_kwargs: Any) -> dict[str, Any]:
+    at_start = WeightsAtStart()
+    run = trainer(strategy("fsdp", state_dict_type=kind), steps=steps, limit_val_batches=0, callbacks=[at_start],
+                  **trainer_kwargs)  # fmt: skip
+    run.fit(TinyTransformer(optimizer="sgd"), one_batch_loader(), one_batch_loader(), ckpt_path=path)
+    return {"global_step": run.global_step, "weights": at_start.weights, "lr": run.optimizers[0].param_groups[0]["lr"]}
+
+
+def _refusal(action: Any) -> str | None:
+    """The error every rank raised (None if none did), after checking that all ranks agree."""
+    try:
+        action()
+        error = None
+    except Exception as caught:
+        error = f"{type(caught).__name__}: {caught}"
+    every_rank = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every_rank, error is not None)
+    return error if all(every_rank) == any(every_rank) else f"only some ranks raised: {every_rank}"
+
+
+def group_dropin(results: Results, args: argparse.Namespace) -> None:
+    """What Lightning's FSDPStrategy resumes, ours resumes; what it refuses, ours refuses (issue 16).
+    Plain SGD keeps no per-parameter optimizer state. Run with the failed-rank watchdog off: refusals are caught."""
+    from lightning_strategies_fsdp.checkpoint import sharded_to_full
+
+    def first_run(kind_or_strategy: Any, path: Path, **save: Any) -> dict[str, torch.Tensor]:
+        pl.seed_everything(7)
+        module = TinyTransformer(optimizer="sgd", lr=0.05)
+        run = trainer(kind_or_strategy, steps=2, limit_val_batches=0)
+        run.fit(module, one_batch_loader(), one_batch_loader())
+        run.save_checkpoint(path, **save)
+        return full_weights(module)
+
+    out = results.out
+    cases = {
+        "full": (strategy("fsdp", state_dict_type="full"), out / "full.ckpt"),
+        "sharded": ("fsdp", out / "sharded"),
+        "ddp": ("ddp", out / "ddp.ckpt"),
+    }
+    resumed = {}
+    full_weights_by_case = {}
+    for label, (kind, path) in cases.items():
+        saved = full_weights_by_case[label] = first_run(kind, path)
+        result = _resume_from(path)
+        resumed[label] = {
+            "global_step": result["global_step"],
+            "weights_equal_saved": equal_weights(result["weights"], saved),
+            "lr": result["lr"],
+        }
+        if label == "sharded":
+            converted = out / "sharded_as_full.ckpt"
+            if torch.distributed.get_rank() == 0:
+                sharded_to_full(path, converted)
+            torch.distributed.barrier()
+            result = _resume_from(converted)
+            resumed["converted"] = {
+                "global_step": result["global_step"],
+                "weights_equal_saved": equal_weights(result["weights"], saved),
+                "lr": result["lr"],
+            }
+    # The other way, as Lightning tests its own: DDP resumes the full checkpoint (optimizer states keyed by name).
+    at_start = WeightsAtStart()
+    ddp = trainer("ddp", steps=4, limit_val_batches=0, callbacks=[at_start])
+    ddp.fit(TinyTransformer(optimizer="sgd"), one_batch_loader(), one_batch_loader(), ckpt_path=cases["full"][1])
+    resumed["full_by_ddp"] = {
+        "global_step": ddp.global_step,
+        "weights_equal_saved": equal_weights(at_start.weights, full_weights_by_case["full"]),
+        "lr": ddp.optimizers[0].param_groups[0]["lr"],
+    }
+    results.write("dropin_resume", resumed)
+
+    # Without optimizer states, fit refuses (as Lightning's FSDPStrategy); validate loads the weights.
+    refusals = {}
+    for kind in ("sharded", "full"):
+        path = out / f"weights_only_{kind}"
+        first_run(strategy("fsdp", state_dict_type=kind), path, weights_only=True)
+        refusals[f"fit_{kind}"] = _refusal(lambda: _resume_from(path, kind))  # noqa: B023
+        validating = trainer(strategy("fsdp", state_dict_type=kind), steps=4)
+        refusals[f"validate_{kind}"] = _refusal(
+            lambda: validating.validate(TinyTransformer(), one_batch_loader(), ckpt_path=path)  # noqa: B023
+        )
+    # Edited full checkpoints: the optimizer states removed (the schedulers' kept), or those of two optimizers.
+    full = torch.load(out / "full.ckpt", weights_only=False)
+    edits = {
+        "no_optimizer_states": {key: value for key, value in full.items() if key != "optimizer_states"},
+        "two_optimizers": {**full, "optimizer_states": full["optimizer_states"] * 2},
+    }
+    for label, edited in edits.items():
+        if torch.distributed.get_rank() == 0:
+            torch.save(edited, out / f"{label}.ckpt")
+        torch.distributed.barrier()
+        refusals[f"fit_{label}"] = _refusal(lambda: _resume_from(out / f"{label}.ckpt", "full"))  # noqa: B023
+    results.write("dropin_refusals", refusals)
+
+    # A user's CheckpointIO writes and reads the full checkpoint, as Lightning's FSDPStrategy writes it.
+    io = CountingCheckpointIO()
+    path = out / "through_io.ckpt"
+    saved = first_run(strategy("fsdp", state_dict_type="full", checkpoint_io=io), path)
+    resumed_io = CountingCheckpointIO()
+    result = _resume_from(path, "full", plugins=[resumed_io])
+    results.write(
+        "dropin_checkpoint_io",
+        {
+            "save_calls": io.calls,
+            "load_calls": resumed_io.calls,
+            "weights_equal_saved": equal_weights(result["weights"], saved),
+            "global_step": result["global_step"],
+        },
+    )
+
+
 GROUPS = {
     "names": group_names,
     "precision": group_precision,
@@ -498,6 +680,7 @@ GROUPS = {
     "resume": group_resume,
     "fabric": group_fabric,
     "reliability": group_reliability,
+    "dropin": group_dropin,
 }
 
 
