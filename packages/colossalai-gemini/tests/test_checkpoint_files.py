@@ -115,7 +115,7 @@ def test_a_checkpoint_left_aside_by_a_killed_save_is_put_back_on_load(tmp_path, 
     ("damage", "message"),
     [
         ("missing", r"No checkpoint file at .*Check the path"),
-        ("empty", r"is empty\..*Resume from an earlier checkpoint"),
+        ("empty", r"is empty \(0 bytes\)\..*Resume from an earlier checkpoint"),
         ("truncated", r"truncated or corrupted.*Resume from an earlier checkpoint"),
     ],
 )

@@ -96,7 +96,7 @@ def test_truncated_checkpoint_stops_the_trainer_with_the_fix(tmp_path):
     ("damage", "message"),
     [
         ("missing", r"No checkpoint file at .*Check the path"),
-        ("empty", r"is empty\..*Resume from an earlier checkpoint"),
+        ("empty", r"is empty \(0 bytes\)\..*Resume from an earlier checkpoint"),
         ("state dict", r"not a Lightning checkpoint.*model.load_state_dict"),
     ],
 )
