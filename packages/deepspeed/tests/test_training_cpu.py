@@ -63,6 +63,16 @@ def test_cpu_offload_with_deepspeed_cpu_adam(train, name):
     assert_weights_close(result["weights"], reference_weights(max_steps=3, optimizer="adam"), tolerance=1e-4)
 
 
+@pytest.mark.parametrize("name", ["deepspeed_stage_2_offload", "deepspeed_stage_3_offload"])
+def test_clipping_by_norm_with_cpu_offload_matches_plain_pytorch(train, name):
+    """Offloaded gradients are clipped to the same global norm as gradients kept beside the model
+    (clipping moves these Adam weights by about 1e-2 over 3 steps, far beyond the tolerance)."""
+    result = train(name, max_steps=3, optimizer="cpu_adam", clip=0.05)
+    assert result["config"]["gradient_clipping"] == 0.05
+    expected = reference_weights(max_steps=3, optimizer="adam", clip=0.05)
+    assert_weights_close(result["weights"], expected, tolerance=1e-4)
+
+
 def test_nvme_offload(train, tmp_path):
     """Optimizer and parameters swapped to files through libaio (apt-get install -y libaio-dev)."""
     nvme = tmp_path / "nvme"
