@@ -19,6 +19,7 @@ different steps would pair one rank's save with the other's gradient all-reduce)
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -49,13 +50,21 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def full_weights(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     """Every parameter whole, on CPU; a collective that every rank must call.
 
     Sharded parameters are gathered the way their owner stores them: DTensors (FSDP2) through
     ``full_tensor``, ZeRO-3 partitions (DeepSpeed, recognisable by ``ds_id``) through DeepSpeed's
-    ``GatheredParameters``.
+    ``GatheredParameters``, Gemini's chunks (ColossalAI) through its wrapper's ``state_dict``,
+    which gathers them on every rank when told ``only_rank_0=False``.
     """
+    wrapper: Any = trainer.strategy.model
+    if wrapper is not None and "only_rank_0" in inspect.signature(wrapper.state_dict).parameters:
+        state = wrapper.state_dict(only_rank_0=False)
+        return {
+            name: value.detach().float().cpu().clone() for name, value in state.items() if value.is_floating_point()
+        }
+    module = trainer.lightning_module
     parameters = dict(module.named_parameters())
     if any(hasattr(parameter, "ds_id") for parameter in parameters.values()):
         import deepspeed
@@ -78,7 +87,7 @@ class Recorder(Callback):
         self.facts: dict[str, Any] = {}
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        environment = trainer.strategy.cluster_environment
+        environment = getattr(trainer.strategy, "cluster_environment", None)  # single-device strategies have none
         self.facts.update(
             cluster_environment=type(environment).__name__,
             global_rank=trainer.global_rank,
@@ -101,7 +110,7 @@ class Recorder(Callback):
 
 
 def save_weights(trainer: Trainer, path: Path) -> None:
-    weights = full_weights(trainer.lightning_module)
+    weights = full_weights(trainer)
     if trainer.is_global_zero:
         torch.save(weights, path)
 
