@@ -8,6 +8,7 @@ absent here, so the ``scontrol`` Lightning calls to requeue is a stand-in that r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,28 @@ def test_slurm_requeue_signal_saves_hpc_checkpoint_that_resumes(tmp_path: Path) 
     assert all((outcome.hpc_checkpoints[0] / name).is_file() for name in SHARD_FILES)
     assert staging_leftovers(outcome.root) == []
     assert resume_problems(outcome.signalled, outcome.resumed, saved_step=3) == []
+
+
+def test_ranks_of_a_slurm_task_are_exported_where_deepspeed_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun sets no LOCAL_RANK, which DeepSpeed's engine requires; both strategy faces export them first."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from lightning_strategies_deepspeed.backend import export_ranks
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    slurm = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}
+    for name, value in {**slurm, "SLURM_NODEID": "1", "SLURM_JOB_ID": "4242", "SLURM_NODELIST": "node[7-8]"}.items():
+        monkeypatch.setenv(name, value)
+    export_ranks(SLURMEnvironment())
+    exported = {name: os.environ[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    assert exported == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "MASTER_ADDR": "node7",
+        "MASTER_PORT": "19242",
+    }
 
 
 @pytest.mark.gpu
