@@ -21,6 +21,7 @@ import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from lightning_strategies.backends import require_backend
 from lightning_strategies_deepspeed.cuda_arch import normalize_environment
@@ -122,3 +123,21 @@ def announce_shared_memory_op_build(extensions: Path) -> bool:
         flush=True,
     )
     return True
+
+
+def export_ranks(cluster_environment: Any) -> None:
+    """Put this process's ranks where DeepSpeed reads them: the variables torchrun sets.
+
+    DeepSpeed's engine refuses to start without ``LOCAL_RANK`` in the environment ("DeepSpeed
+    requires the LOCAL_RANK environment variable"), and launchers other than torchrun and
+    Lightning's own, SLURM's ``srun`` among them, do not set it (seen under SLURMEnvironment,
+    2 tasks on CPU). The cluster environment is what Lightning built the process group from, so
+    its view is the one to export.
+    """
+    os.environ.update(
+        RANK=str(cluster_environment.global_rank()),
+        LOCAL_RANK=str(cluster_environment.local_rank()),
+        WORLD_SIZE=str(cluster_environment.world_size()),
+        MASTER_ADDR=str(cluster_environment.main_address),
+        MASTER_PORT=str(cluster_environment.main_port),
+    )

@@ -31,7 +31,7 @@ from lightning_strategies.parameters import check_choice
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import import_deepspeed
+from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.precision import DTYPES
 
 
@@ -176,6 +176,8 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         super()._setup_distributed()
         watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
+        assert self.cluster_environment is not None
+        export_ranks(self.cluster_environment)
         deepspeed.init_distributed(
             dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
         )

@@ -32,7 +32,7 @@ from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import import_deepspeed
+from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.precision import DeepSpeedPrecision
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,8 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         super().setup_distributed()
         watch_ranks(self.global_rank, self.world_size)
         deepspeed = import_deepspeed(self.root_device.type)
+        assert self.cluster_environment is not None
+        export_ranks(self.cluster_environment)
         # Attach DeepSpeed's communication layer to the process group Lightning created.
         deepspeed.init_distributed(
             dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False

@@ -1,0 +1,284 @@
+"""Launching a strategy as a cluster would, on one machine: several torchrun nodes, or SLURM tasks.
+
+Packages check with these that their strategy trains, saves and resumes across nodes, and that
+a SLURM job asked to requeue (SIGUSR1) leaves a whole ``hpc`` checkpoint that ``ckpt_path="hpc"``
+resumes. Each "node" is a torchrun agent with ``--node-rank`` on localhost; each SLURM "task" is
+a process given the variables ``srun`` would set. Every rank runs ``multinode_training.py``.
+
+SLURM itself is absent on the machines that run these checks, so the ``scontrol`` that Lightning
+calls to requeue the job is a stand-in (``install_stand_in_scontrol``) that only records its
+arguments. It is the one stand-in here: training, checkpoints and signals are real.
+
+Importing this module imports neither torch nor Lightning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_strategies.conformance.launching import fresh_launch_environment
+
+PROGRAM = "lightning_strategies.conformance.multinode_training"
+JOB_ID = "4242"
+JOB_NAME = "lightning-strategies-requeue-check"  # not "bash"/"interactive", which Lightning treats as no SLURM
+
+
+@dataclass
+class NodeRun:
+    """One launch of every node (or task): where it reported, and what each process printed."""
+
+    report: Path
+    outputs: list[str] = field(default_factory=list)
+
+    def rank_reports(self) -> list[dict[str, Any]]:
+        files = sorted(self.report.glob("report.rank*.json"))
+        return [json.loads(file.read_text()) for file in files]
+
+    def weights(self, moment: str) -> dict[str, Any]:
+        """Rank 0's full weights at ``moment``: "start" (after any resume) or "saved" (as the checkpoint holds them)."""
+        import torch
+
+        return torch.load(self.report / f"weights.{moment}.pt", weights_only=True)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def training_arguments(
+    strategy: str, root: Path, report: Path, max_steps: int, accelerator: str = "cpu", nodes: int = 2
+) -> list[str]:
+    return [
+        "--strategy", strategy, "--accelerator", accelerator, "--devices", "1", "--num-nodes", str(nodes),
+        "--root", str(root), "--report", str(report), "--max-steps", str(max_steps),
+    ]  # fmt: skip
+
+
+def launch_torchrun_nodes(
+    arguments: Sequence[str],
+    report: Path,
+    nodes: int = 2,
+    visible_devices: Sequence[str] | None = None,
+    timeout: float = 600,
+) -> NodeRun:
+    """Start ``nodes`` torchrun agents together (one process each, static rendezvous on localhost).
+
+    ``visible_devices[i]`` becomes node i's ``CUDA_VISIBLE_DEVICES``, so that two "nodes" on one
+    machine each own one GPU, as two machines would.
+    """
+    port = free_port()
+    commands, environments = [], []
+    for node in range(nodes):
+        commands.append([
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", "1",
+            "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "--module", PROGRAM, *arguments,
+        ])  # fmt: skip
+        extra = {"OMP_NUM_THREADS": "1"}
+        if visible_devices is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = visible_devices[node]
+        environments.append(fresh_launch_environment(extra))
+    return _run_together(commands, environments, report, timeout)
+
+
+def install_stand_in_scontrol(folder: Path, log: Path) -> Path:
+    """Write a stand-in ``scontrol`` into ``folder`` (put it first on PATH) that appends its arguments to ``log``.
+
+    A stand-in, because no SLURM exists where the checks run: it records the requeue request
+    (``scontrol requeue <job id>``) that Lightning's signal handler makes, and requeues nothing.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "scontrol"
+    script.write_text(f'#!/bin/sh\n# Stand-in for SLURM\'s scontrol: records the call only.\necho "$@" >> "{log}"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return script
+
+
+def launch_slurm_tasks(
+    arguments: Sequence[str], report: Path, scontrol_folder: Path, tasks: int = 2, timeout: float = 600
+) -> NodeRun:
+    """Start ``tasks`` processes, one per "node", with the variables ``srun --nodes=N --ntasks-per-node=1`` sets.
+
+    ``scontrol_folder`` goes first on PATH: it holds the stand-in ``scontrol``.
+    """
+    port = free_port()
+    commands, environments = [], []
+    for task in range(tasks):
+        commands.append([sys.executable, "-m", PROGRAM, *arguments])
+        environments.append(
+            fresh_launch_environment(
+                {
+                    "OMP_NUM_THREADS": "1",
+                    "PATH": f"{scontrol_folder}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "SLURM_JOB_ID": JOB_ID,
+                    "SLURM_JOB_NAME": JOB_NAME,
+                    "SLURM_NTASKS": str(tasks),
+                    "SLURM_NTASKS_PER_NODE": "1",
+                    "SLURM_NNODES": str(tasks),
+                    "SLURM_NODELIST": "127.0.0.1",
+                    "SLURM_NODEID": str(task),
+                    "SLURM_PROCID": str(task),
+                    "SLURM_LOCALID": "0",
+                    # Lightning's SLURMEnvironment derives a port from the job id unless told one; a free one avoids
+                    # colliding with another check running on the same machine.
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                }
+            )
+        )
+    return _run_together(commands, environments, report, timeout)
+
+
+def two_nodes_save_and_resume(
+    strategy: str,
+    workdir: Path,
+    accelerator: str = "cpu",
+    visible_devices: Sequence[str] | None = None,
+    steps: tuple[int, int] = (3, 5),
+    timeout: float = 600,
+) -> tuple[NodeRun, NodeRun, Path]:
+    """Train ``steps[0]`` steps on two torchrun nodes and save; then resume on two new nodes up to ``steps[1]``.
+
+    Returns the saving run, the resuming run and the checkpoint's path (under ``workdir/root``).
+    """
+    root = workdir / "root"
+    checkpoint = root / "two-nodes.ckpt"
+    saving = launch_torchrun_nodes(
+        [*training_arguments(strategy, root, workdir / "save", steps[0], accelerator), "--save-to", str(checkpoint)],
+        workdir / "save",
+        visible_devices=visible_devices,
+        timeout=timeout,
+    )
+    resuming = launch_torchrun_nodes(
+        [
+            *training_arguments(strategy, root, workdir / "resume", steps[1], accelerator),
+            "--ckpt-path",
+            str(checkpoint),
+        ],
+        workdir / "resume",
+        visible_devices=visible_devices,
+        timeout=timeout,
+    )
+    return saving, resuming, checkpoint
+
+
+@dataclass
+class RequeueOutcome:
+    signalled: NodeRun  # the run that received SIGUSR1
+    resumed: NodeRun  # the requeued run, started with ckpt_path="hpc"
+    root: Path  # the Trainer's default_root_dir, where Lightning puts hpc checkpoints
+    scontrol_calls: list[str]  # what the stand-in scontrol was called with, one line per call
+
+    @property
+    def hpc_checkpoints(self) -> list[Path]:
+        return sorted(self.root.glob("hpc_ckpt_*"))
+
+
+def slurm_requeue_and_resume(
+    strategy: str, workdir: Path, tasks: int = 2, requeue_at_step: int = 3, max_steps: int = 5, timeout: float = 600
+) -> RequeueOutcome:
+    """A SLURM job of ``tasks`` nodes gets the requeue signal at ``requeue_at_step``; the requeued job resumes.
+
+    The requeued job runs with ``ckpt_path="hpc"`` under the same SLURM variables, as the
+    requeued job would, and trains on to ``max_steps``.
+    """
+    root = workdir / "root"
+    scontrol_log = workdir / "scontrol-calls.txt"
+    stand_in = workdir / "stand-in-bin"
+    install_stand_in_scontrol(stand_in, scontrol_log)
+    signalled = launch_slurm_tasks(
+        [*training_arguments(strategy, root, workdir / "signalled", max_steps, nodes=tasks),
+         "--requeue-at-step", str(requeue_at_step)],
+        workdir / "signalled", stand_in, tasks, timeout,
+    )  # fmt: skip
+    resumed = launch_slurm_tasks(
+        [*training_arguments(strategy, root, workdir / "resumed", max_steps, nodes=tasks), "--ckpt-path", "hpc"],
+        workdir / "resumed", stand_in, tasks, timeout,
+    )  # fmt: skip
+    calls = scontrol_log.read_text().splitlines() if scontrol_log.exists() else []
+    return RequeueOutcome(signalled, resumed, root, calls)
+
+
+def staging_leftovers(root: Path) -> list[Path]:
+    """Whatever a save left in its staging folder under ``root``: nothing, once every save was published."""
+    from lightning_strategies.checkpoints import STAGING_FOLDER
+
+    staging = root / STAGING_FOLDER
+    return sorted(staging.rglob("*")) if staging.exists() else []
+
+
+def resume_problems(saving: NodeRun, resuming: NodeRun, saved_step: int, nodes: int = 2) -> list[str]:
+    """What is wrong with a resume: every rank must start at ``saved_step`` with the saved weights, and train on."""
+    problems = []
+    reports = resuming.rank_reports()
+    if len(reports) != nodes:
+        problems.append(f"{len(reports)} of {nodes} ranks reported after resuming")
+    for report in reports:
+        if report["start_step"] != saved_step:
+            problems.append(f"rank {report['global_rank']} resumed at step {report['start_step']}, not {saved_step}")
+        if report["end_step"] <= report["start_step"]:
+            problems.append(
+                f"rank {report['global_rank']} did not train after resuming (ended at {report['end_step']})"
+            )
+    saved, started = saving.weights("saved"), resuming.weights("start")
+    if saved.keys() != started.keys():
+        problems.append(f"resumed parameters {sorted(started)} differ from the saved ones {sorted(saved)}")
+    for name in saved.keys() & started.keys():
+        difference = float((saved[name] - started[name]).abs().max())
+        if difference > 1e-6:
+            problems.append(f"{name}: resumed weights differ from the saved ones by up to {difference:.3g}")
+    return problems
+
+
+def _run_together(
+    commands: list[list[str]], environments: list[dict[str, str]], report: Path, timeout: float
+) -> NodeRun:
+    report.mkdir(parents=True, exist_ok=True)
+    # Output goes to files, not pipes: a node blocked on a full pipe while another waits for it in a
+    # collective would hang both.
+    logs = [report / f"output.node{index}.log" for index in range(len(commands))]
+    processes = []
+    for command, environment, log in zip(commands, environments, logs, strict=True):
+        with log.open("w") as output:
+            # A new session each, so that a timeout ends the workers torchrun started along with it.
+            processes.append(
+                subprocess.Popen(
+                    command, stdout=output, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+                )
+            )
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for other in processes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(other.pid, signal.SIGKILL)
+            process.wait()
+    run = NodeRun(report, [log.read_text(errors="replace") for log in logs])
+    if timed_out:
+        run.outputs = [output + f"\n(timed out after {timeout:.0f} s; every node was killed)" for output in run.outputs]
+    failed = [index for index, process in enumerate(processes) if process.returncode != 0]
+    if failed:
+        tails = "\n".join(
+            f"--- node {index} (exit code {processes[index].returncode}):\n{run.outputs[index][-5000:]}"
+            for index in failed
+        )
+        raise RuntimeError(f"node(s) {failed} of {len(processes)} failed:\n{tails}")
+    return run
