@@ -15,6 +15,7 @@ Issue 13 asks for 8 configurations within 10% on both peaks. Nothing here has be
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -184,10 +184,8 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             for pid in reversed(_descendants(process.pid)):
-                try:
+                with contextlib.suppress(OSError):  # it ended on its own meanwhile
                     os.kill(pid, 9)
-                except OSError:
-                    pass
             output, _ = process.communicate()
         host_peak = sampler.stop()
         ranks = sorted(Path(scratch).glob("rank-*.json"))
