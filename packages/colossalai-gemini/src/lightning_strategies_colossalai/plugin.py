@@ -61,3 +61,10 @@ def environment_checks():
     if Version(installed) not in SUPPORTED:
         return [(what, False, f"{detail}; install a tested version: {INSTALL_HINT}")]
     return [(what, True, detail)]
+
+
+@hookimpl
+def memory_plan_candidates(workload, machine):
+    from lightning_strategies_colossalai.memory import plan_candidates
+
+    return plan_candidates(workload, machine)

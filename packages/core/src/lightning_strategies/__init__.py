@@ -14,6 +14,7 @@ from lightning_strategies.errors import (
 )
 from lightning_strategies.hookspecs import hookimpl
 from lightning_strategies.parameters import warn_obsolete_parameter
+from lightning_strategies.planning import plan
 from lightning_strategies.registry import StrategyEntry, get_registry
 from lightning_strategies.version import __version__
 
@@ -28,5 +29,6 @@ __all__ = [
     "activate",
     "get_registry",
     "hookimpl",
+    "plan",
     "warn_obsolete_parameter",
 ]

@@ -1,4 +1,4 @@
-"""The `lightning-strategies` command: list, info, doctor and check.
+"""The `lightning-strategies` command: list, info, doctor, check and plan.
 
 `list` and `info` read metadata only: they import no backend and no strategy module.
 """
@@ -160,6 +160,67 @@ def command_check(arguments: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def command_plan(arguments: argparse.Namespace) -> int:
+    from lightning_strategies.planning import GIB, nothing_fits_message, plan, settings_text
+
+    result = plan(
+        arguments.params,
+        layers=arguments.layers,
+        hidden=arguments.hidden,
+        vocabulary=arguments.vocabulary,
+        seq_len=arguments.seq_len,
+        micro_batch=arguments.micro_batch,
+        precision=arguments.precision,
+        optimizer=arguments.optimizer,
+        activation_checkpointing=arguments.activation_checkpointing,
+        gpus=arguments.gpus,
+        gpu_memory_gib=arguments.gpu_memory,
+        host_memory_gib=arguments.host_memory,
+        nvme_gib=arguments.nvme,
+    )
+    if arguments.json:
+        json.dump([candidate.to_dict() for candidate in result.candidates], sys.stdout, indent=1)
+        print()
+        return 0 if result.fitting else 1
+    workload, machine, shape = result.workload, result.machine, result.workload.shape
+    detected = f" (detected: {', '.join(machine.detected)})" if machine.detected else ""
+    print(
+        f"Model: {workload.parameters / 1e9:.2f}B parameters, {shape.layers} layers x {shape.hidden} wide, "
+        f"vocabulary {shape.vocabulary}; micro-batch {workload.micro_batch} x {workload.sequence_length} tokens, "
+        f"{workload.precision}, {workload.optimizer}"
+        + (", activation checkpointing" if workload.activation_checkpointing else "")
+    )
+    print(
+        f"Machine: {machine.gpus} GPU(s) x {machine.gpu_memory_bytes / GIB:.1f} GiB, host "
+        f"{machine.host_memory_bytes / GIB:.1f} GiB"
+        + (f", NVMe {machine.nvme_bytes / GIB:.0f} GiB" if machine.nvme_bytes else "")
+        + detected
+    )
+    print("Predictions are estimates, not yet checked against GPU measurements (docs: Which strategy?).\n")
+    if result.candidates:
+        width = max(len(candidate.strategy) for candidate in result.candidates) + 2
+        print(f"{'FITS':<6}{'STRATEGY':<{width}}{'GPU PEAK':>10}{'HOST PEAK':>11}{'OFFLOAD':>9}  SETTINGS")
+        for candidate in result.candidates:
+            print(
+                f"{'yes' if candidate.fits else 'no':<6}{candidate.strategy:<{width}}"
+                f"{candidate.gpu_peak_gib:>6.1f} GiB{candidate.host_peak_gib:>7.1f} GiB"
+                f"{candidate.offloaded_fraction:>8.0%}  {settings_text(candidate)}"
+            )
+            for note in candidate.notes:
+                print(f"{'':<{6 + width}}{note}")
+    for problem in result.problems:
+        print(f"\nSKIPPED {problem}")
+    if not result.fitting:
+        print("\n" + nothing_fits_message(result))
+        return 1
+    best = result.fitting[0]
+    print(
+        f"\nBest: {best.strategy} ({settings_text(best)}). From Python, "
+        "lightning_strategies.plan(...).best_strategy() builds it for Trainer(strategy=...)."
+    )
+    return 0
+
+
 ACCELERATORS = ("cpu", "cuda", "gpu", "tpu", "mps")
 
 
@@ -218,7 +279,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--timeout", type=float, default=900, help="seconds before all ranks are killed")
     check.set_defaults(handler=command_check)
+    _add_plan_parser(commands)
     return parser
+
+
+def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
+    planning = commands.add_parser(
+        "plan", help="which installed strategy fits a model on this machine, with predicted GPU and host peaks"
+    )
+    planning.add_argument("--params", help="parameter count, e.g. 13B, 6.7B, 350M (or give --layers and --hidden)")
+    planning.add_argument("--layers", type=int, help="decoder blocks (default: a GPT-3 shape for --params)")
+    planning.add_argument("--hidden", type=int, help="model width (default: a GPT-3 shape for --params)")
+    planning.add_argument("--vocabulary", type=int, default=50304, help="vocabulary size")
+    planning.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    planning.add_argument("--micro-batch", type=int, default=8, help="sequences per GPU and step")
+    planning.add_argument("--precision", default="bf16-mixed", help="Lightning's precision flag")
+    planning.add_argument("--optimizer", default="adam", choices=("adam", "sgd"), help="optimizer state to plan for")
+    planning.add_argument(
+        "--activation-checkpointing", action="store_true", help="blocks recompute their activations in backward"
+    )
+    planning.add_argument("--gpus", type=int, help="GPUs to train on (default: those detected)")
+    planning.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: detected)")
+    planning.add_argument("--host-memory", type=float, help="GiB of host memory (default: detected, cgroup limit)")
+    planning.add_argument("--nvme", type=float, default=0.0, help="GiB of NVMe space for offloading (default: none)")
+    planning.add_argument("--json", action="store_true", help="the ranked candidates as a JSON list")
+    planning.set_defaults(handler=command_plan)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from lightning_strategies.planning import Candidate, Machine, Workload
     from lightning_strategies.registry import PluginRegistrar
 
 PROJECT_NAME = "lightning_strategies"
@@ -58,4 +59,22 @@ def lightning_module_imported(module_name: str, module: ModuleType) -> None:
     Args:
         module_name: the module's full name, e.g. ``"lightning.fabric.accelerators.xla"``.
         module: the module object, fully executed.
+    """
+
+
+@hookspec
+def memory_plan_candidates(workload: Workload, machine: Machine) -> list[Candidate]:  # type: ignore[empty-body]
+    """Predict the memory of the plugin's strategy names for a workload, for `lightning-strategies plan`.
+
+    Return one :class:`~lightning_strategies.planning.Candidate` per setting worth considering (a name,
+    the constructor settings that make it fit, its predicted peaks), built with
+    ``lightning_strategies.planning.candidate(...)`` so that ``fits`` is judged alike for every package.
+    Choose the settings that fit where the strategy has a dial (an offload fraction, a bucket size);
+    ``planning.smallest_fitting_fraction`` finds the least offload that fits. Keep it arithmetic: no
+    backend import, no device use. Candidates naming strategies the registry cannot resolve are dropped.
+
+    Args:
+        workload: the model (parameter count and GPT-style shape), tokens per step and device,
+            precision, optimizer and whether activations are checkpointed.
+        machine: GPUs per node and the memory of each, host memory, NVMe space for offloading.
     """

@@ -68,7 +68,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _BOOLEANS = (
-    "zero_optimization", "offload_optimizer", "offload_parameters", "single_submit", "overlap_events",
+    "zero_optimization", "offload_parameters", "single_submit", "overlap_events",
     "pin_memory", "contiguous_gradients", "overlap_comm", "allgather_partitions", "reduce_scatter",
     "zero_allow_untested_optimizer", "partition_activations", "cpu_checkpointing",
     "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "load_full_weights",
@@ -98,6 +98,7 @@ def validate_parameters(parameters: Mapping[str, Any]) -> None:
     """Raise on a wrong type or an unknown value; nothing here depends on the machine."""
     for name in _BOOLEANS:
         check_type(STRATEGY, name, parameters[name], bool)
+    _check_offload_optimizer(parameters["offload_optimizer"], parameters["stage"])
     for name in _POSITIVE_INTEGERS:
         _check_integer(name, parameters[name], minimum=1)
     for name in _NON_NEGATIVE_INTEGERS:
@@ -120,6 +121,28 @@ def validate_parameters(parameters: Mapping[str, Any]) -> None:
             f"{STRATEGY}(contiguous_memory_optimization=True) needs partition_activations=True: DeepSpeed makes "
             "partitioned activations contiguous, so there is nothing to make contiguous without partitioning."
         )
+
+
+def _check_offload_optimizer(value: Any, stage: Any) -> None:
+    """True/False, or the share of optimizer states kept in host memory (DeepSpeed's ZeRO-3 offload ratio)."""
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(
+            f"{STRATEGY}(offload_optimizer={value!r}) must be True, False, or the share of optimizer states to "
+            "offload, a number above 0 and at most 1 (ZeRO stage 3 only), e.g. offload_optimizer=0.4."
+        )
+    if value < 1 and stage != 3:
+        raise ValueError(
+            f"{STRATEGY}(offload_optimizer={value!r}, stage={stage!r}): DeepSpeed offloads a share of the optimizer "
+            "states only with ZeRO stage 3. Use stage=3, or offload_optimizer=True to offload all of them."
+        )
+
+
+def offload_ratio(parameters: Mapping[str, Any]) -> float | None:
+    """The share of optimizer states offloaded, where it is less than all of them."""
+    value = parameters["offload_optimizer"]
+    return None if isinstance(value, bool) or value >= 1 else float(value)
 
 
 def _check_integer(name: str, value: Any, minimum: int, also: str = "") -> None:
@@ -178,6 +201,17 @@ def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: boo
             reasons.setdefault(name, "it tunes NVMe offloading (asynchronous I/O), which is not in use.")
     if not (stage > 0 and (parameters["offload_optimizer"] or (stage == 3 and parameters["offload_parameters"]))):
         reasons.setdefault("pin_memory", "it pins the CPU memory of offloaded states, and nothing is offloaded.")
+    if offload_ratio(parameters) is not None and parameters["sub_group_size"] == DEFAULTS["sub_group_size"]:
+        # DeepSpeed splits each process's partition into sub-groups of sub_group_size elements and places
+        # whole sub-groups: with the default size there is one, and any ratio offloads all of it.
+        warn_obsolete_parameter(
+            STRATEGY,
+            "offload_optimizer",
+            parameters["offload_optimizer"],
+            "with sub_group_size at its default each process has one sub-group, which DeepSpeed places whole, so "
+            "all optimizer states are offloaded. Pass sub_group_size of about a twentieth of each process's "
+            "parameters (`lightning-strategies plan` chooses both).",
+        )
     for name in sorted(changed & set(reasons)):
         warn_obsolete_parameter(STRATEGY, name, parameters[name], reasons[name])
 
@@ -221,6 +255,8 @@ def build_config(parameters: Mapping[str, Any]) -> dict[str, Any]:
                 "buffer_count": parameters["optimizer_buffer_count"],
                 "pin_memory": parameters["pin_memory"],
             }
+            if offload_ratio(parameters) is not None:
+                zero["offload_optimizer"]["ratio"] = offload_ratio(parameters)
         if stage == 3 and parameters["offload_parameters"]:
             zero["offload_param"] = {
                 "device": parameters["offload_params_device"],

@@ -47,7 +47,8 @@ PARAMETERS = {
     "stage": "ZeRO stage: 0 none, 1 optimizer states, 2 also gradients, 3 also parameters are partitioned.",
     "remote_device": "Stage 3: where parameters are created when the model is built, None (the device), 'cpu' "
     "or 'nvme'.",
-    "offload_optimizer": f"Keep optimizer states in host memory or on NVMe ({_ZERO}.offload_optimizer).",
+    "offload_optimizer": f"Keep optimizer states in host memory or on NVMe ({_ZERO}.offload_optimizer); a number "
+    "between 0 and 1 offloads that share only (stage 3, offload_optimizer.ratio; set sub_group_size too).",
     "offload_parameters": f"Stage 3: keep parameters in host memory or on NVMe ({_ZERO}.offload_param).",
     "offload_params_device": "Where offloaded parameters go: 'cpu' or 'nvme'.",
     "nvme_path": "Folder on an NVMe drive for NVMe offloading (needs libaio).",
@@ -123,3 +124,10 @@ def environment_checks():
             libaio or "not found: apt-get install libaio-dev (only deepspeed_stage_3_offload_nvme needs it)",
         )
     ]
+
+
+@hookimpl
+def memory_plan_candidates(workload, machine):
+    from lightning_strategies_deepspeed.memory import candidates
+
+    return candidates(workload, machine)

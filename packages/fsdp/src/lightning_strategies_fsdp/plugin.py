@@ -94,3 +94,10 @@ def register_strategies(registry):  # type: ignore[no-untyped-def]
             replaces_builtin=replaces_builtin,
             parameters=PARAMETERS,
         )
+
+
+@hookimpl
+def memory_plan_candidates(workload, machine):
+    from lightning_strategies_fsdp.memory import candidates
+
+    return candidates(workload, machine)

@@ -1,0 +1,216 @@
+"""The planner: workload and machine arithmetic, ranking of plugins' candidates, what would fit when nothing
+does, `lightning-strategies plan --json`, and a candidate turned into a strategy object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import lightning_strategies
+from lightning_strategies import hookimpl
+from lightning_strategies.cli import main
+from lightning_strategies.planning import (
+    GIB,
+    Machine,
+    ModelShape,
+    Workload,
+    activation_bytes,
+    candidate,
+    host_memory,
+    parse_count,
+    plan,
+    rank,
+    smallest_fitting_fraction,
+)
+
+
+class ToyPlugin:
+    """A strategy with a one-line memory model: 16 bytes per parameter on the GPU, or all on the host when
+    offloaded, plus the activations core computes."""
+
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("toy_ddp", "lightning.pytorch.strategies:DDPStrategy", description="toy")
+        registry.register("toy_offload", "lightning.pytorch.strategies:DDPStrategy", description="toy offload")
+
+    @hookimpl
+    def memory_plan_candidates(workload, machine):
+        states = 16 * workload.parameters
+        activations = activation_bytes(workload)
+        gpus = max(1, machine.gpus)
+        return [
+            candidate("toy_ddp", {"find_unused_parameters": True}, states / gpus + activations, 0, machine),
+            candidate("toy_offload", {}, activations, states, machine, offloaded_fraction=1.0),
+            candidate("not_registered", {}, 0, 0, machine),  # names the registry lacks are dropped
+        ]
+
+
+class BrokenPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("broken_model", "lightning.pytorch.strategies:DDPStrategy")
+
+    @hookimpl
+    def memory_plan_candidates():
+        raise RuntimeError("model failed")
+
+
+def test_parameter_counts_read_as_people_write_them():
+    assert parse_count("13B") == 13_000_000_000
+    assert parse_count("6.7b") == 6_700_000_000
+    assert parse_count("350M") == 350_000_000
+    assert parse_count("1.3e9") == 1_300_000_000
+    with pytest.raises(ValueError, match=r"write e\.g\. 13B"):
+        parse_count("lots")
+
+
+def test_a_parameter_count_gets_a_gpt3_shape_of_about_that_size():
+    shape = ModelShape.for_parameters(6_700_000_000)
+    assert (shape.layers, shape.hidden) == (32, 4096)
+    assert shape.parameters(2048) == pytest.approx(6.7e9, rel=0.03)
+    assert ModelShape.for_parameters(2_700_000_000).hidden == 2560
+
+
+def test_mixed_precision_adam_keeps_sixteen_bytes_per_parameter():
+    workload = Workload.build("1B", precision="bf16-mixed")
+    states = workload.state_bytes()
+    assert (states.weights, states.gradients, states.master, states.optimizer) == (2, 2, 4, 8)
+    assert states.total == 16 and states.optimizer_side == 12
+    assert Workload.build("1B", precision="32-true").state_bytes().total == 16  # 4 + 4 + no master + 8
+    assert Workload.build("1B", optimizer="sgd").state_bytes().total == 12
+
+
+def test_activation_checkpointing_lowers_activations_and_they_grow_with_the_micro_batch():
+    plain = Workload.build("1.3B", micro_batch=8)
+    checkpointed = Workload.build("1.3B", micro_batch=8, activation_checkpointing=True)
+    assert activation_bytes(checkpointed) < activation_bytes(plain) / 3
+    half = Workload.build("1.3B", micro_batch=4)
+    assert activation_bytes(half) == pytest.approx(activation_bytes(plain) / 2)
+
+
+def test_host_memory_is_the_cgroup_limit_where_lower(tmp_path: Path):
+    (tmp_path / "meminfo").write_text("MemTotal:       134217728 kB\nMemFree: 1 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    assert host_memory(tmp_path / "meminfo", cgroup) == 128 * GIB
+    (cgroup / "memory.max").write_text(f"{24 * GIB}\n")
+    assert host_memory(tmp_path / "meminfo", cgroup) == 24 * GIB
+    (cgroup / "memory.max").write_text("max\n")
+    assert host_memory(tmp_path / "meminfo", cgroup) == 128 * GIB
+
+
+def test_fits_leaves_room_for_the_cuda_context_and_host_headroom():
+    machine = Machine(gpus=1, gpu_memory_bytes=80 * GIB, host_memory_bytes=100 * GIB)
+    assert candidate("x", {}, machine.gpu_budget_bytes, 0, machine).fits
+    assert not candidate("x", {}, machine.gpu_budget_bytes + 1, 0, machine).fits
+    assert machine.gpu_budget_bytes < 80 * GIB
+    assert not candidate("x", {}, 0, 99 * GIB, machine).fits
+    assert not candidate("x", {}, 0, 0, machine, nvme_bytes=1).fits  # no NVMe unless given
+    assert not candidate("x", {}, 0, 0, Machine(0, 0, 100 * GIB)).fits  # no GPU
+
+
+def test_smallest_fitting_fraction_is_the_least_offload_that_fits():
+    machine = Machine(gpus=1, gpu_memory_bytes=100 * GIB, host_memory_bytes=1000 * GIB)
+    budget = machine.gpu_budget_bytes
+
+    def peaks(fraction):  # 2 x budget of states; offloading a fraction moves it to the host
+        return 2 * budget * (1 - fraction), 2 * budget * fraction
+
+    assert smallest_fitting_fraction(peaks, machine) == 0.5
+    assert smallest_fitting_fraction(lambda fraction: (2 * budget, 0), machine) is None
+
+
+def test_ranking_puts_fitting_first_then_least_offload():
+    machine = Machine(gpus=1, gpu_memory_bytes=80 * GIB, host_memory_bytes=100 * GIB)
+    ranked = rank(
+        [
+            candidate("too_big", {}, 200 * GIB, 0, machine),
+            candidate("offloads", {}, 10 * GIB, 10 * GIB, machine, offloaded_fraction=1.0),
+            candidate("partial", {}, 40 * GIB, 5 * GIB, machine, offloaded_fraction=0.3),
+            candidate("on_gpu_slow", {}, 30 * GIB, 0, machine, preference=1),
+            candidate("on_gpu", {}, 50 * GIB, 0, machine),
+        ]
+    )
+    assert [c.strategy for c in ranked] == ["on_gpu", "on_gpu_slow", "partial", "offloads", "too_big"]
+
+
+def test_plan_asks_every_plugin_and_ranks_their_candidates(add_plugin):
+    add_plugin(ToyPlugin)
+    add_plugin(BrokenPlugin, name="broken", distribution="broken-dist")
+    result = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100)
+    assert [c.strategy for c in result.candidates] == ["toy_ddp", "toy_offload"]
+    assert all(c.fits for c in result.candidates)
+    assert result.candidates[0].gpu_peak_gib > result.candidates[1].gpu_peak_gib
+    assert result.problems and "memory_plan_candidates failed" in result.problems[0]
+    assert result.suggestions == []
+    # More GPUs divide the toy's states.
+    two = plan("1B", gpus=2, gpu_memory_gib=80, host_memory_gib=100)
+    assert two.candidates[0].gpu_peak_gib < result.candidates[0].gpu_peak_gib
+
+
+def test_when_nothing_fits_the_plan_says_what_would(add_plugin):
+    add_plugin(ToyPlugin)
+    # 20B x 16 bytes = 298 GiB: neither one 80 GiB GPU nor 100 GiB of host holds it.
+    result = plan("20B", micro_batch=1, gpus=1, gpu_memory_gib=80, host_memory_gib=100)
+    assert not result.fitting
+    assert any(text.startswith("8 GPUs of this kind (toy_ddp") for text in result.suggestions), result.suggestions
+    with pytest.raises(ValueError, match=r"No installed strategy fits 20\.00B parameters.*What would: .*8 GPUs"):
+        result.best()
+
+
+def test_smaller_micro_batch_and_checkpointing_are_suggested_when_activations_are_the_problem(add_plugin):
+    add_plugin(ToyPlugin)
+    # 125M parameters fit easily; the blocks' activations of 64 sequences of 2048 tokens do not. (A small
+    # vocabulary: with GPT-2's, the logits alone would not fit, and checkpointing does not shrink them.)
+    result = plan("125M", vocabulary=1024, micro_batch=64, seq_len=2048, gpus=1, gpu_memory_gib=24, host_memory_gib=100)
+    assert not result.fitting
+    kinds = [text.split(" (")[0] for text in result.suggestions]
+    assert "activation checkpointing" in kinds
+    assert any(kind.startswith("micro-batch ") for kind in kinds)
+
+
+def test_no_gpu_here_says_how_to_plan_for_another_machine(add_plugin):
+    add_plugin(ToyPlugin)
+    result = plan("1B", gpus=0, gpu_memory_gib=0, host_memory_gib=100)
+    with pytest.raises(ValueError, match="pass --gpus N and --gpu-memory GiB"):
+        result.best()
+
+
+def test_a_candidate_becomes_a_strategy_object_for_the_trainer(add_plugin):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    add_plugin(ToyPlugin)
+    strategy = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100).best_strategy()
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy._ddp_kwargs == {"find_unused_parameters": True}  # the candidate's settings reached it
+    assert lightning_strategies.plan is plan
+
+
+def test_plan_json_lists_candidates_with_the_documented_fields(add_plugin, capsys):
+    add_plugin(ToyPlugin)
+    arguments = ["plan", "--params", "1B", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100", "--json"]
+    assert main(arguments) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [entry["strategy"] for entry in listed] == ["toy_ddp", "toy_offload"]
+    for entry in listed:
+        assert {"strategy", "settings", "gpu_peak_gib", "host_peak_gib", "fits", "offloaded_fraction"} <= set(entry)
+        assert isinstance(entry["gpu_peak_gib"], float) and isinstance(entry["fits"], bool)
+    assert listed[0]["settings"] == {"find_unused_parameters": True}
+
+
+def test_plan_table_and_exit_status_when_nothing_fits(add_plugin, capsys):
+    add_plugin(ToyPlugin)
+    arguments = ["--params", "20B", "--micro-batch", "1", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100"]
+    assert main(["plan", *arguments]) == 1
+    output = capsys.readouterr().out
+    assert "FITS  STRATEGY" in output and "toy_offload" in output
+    assert "not yet checked against GPU measurements" in output
+    assert "What would:" in output
+
+
+def test_plan_needs_a_size():
+    with pytest.raises(ValueError, match="params='13B'"):
+        Workload.build(None)
+    assert main(["plan", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100"]) == 2

@@ -1,0 +1,172 @@
+"""DeepSpeed's memory model for `lightning-strategies plan`: predicted peaks of ZeRO stages 1-3, with the
+optimizer offloaded in part (ZeRO-3's offload ratio) or whole, and parameters offloaded only when needed.
+
+Arithmetic only: no torch, no deepspeed. Per GPU: the partitions of the model states ZeRO keeps there,
+DeepSpeed's communication buffers and the activations. Per node: what offloading keeps in host memory,
+for every process together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from lightning_strategies.planning import (
+    Candidate,
+    Machine,
+    Workload,
+    activation_bytes,
+    candidate,
+    host_base_bytes,
+    smallest_fitting_fraction,
+)
+from lightning_strategies_deepspeed.config import DEFAULTS
+
+# DeepSpeed's own defaults for settings our strategy does not expose (elements, not bytes).
+STAGE3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
+# DeepSpeed's tuning guide: with overlap_comm, ZeRO-1/2 hold about 4.5 times the bucket sizes.
+OVERLAP_COMM_BUCKET_FACTOR = 4.5
+# Host bytes per offloaded parameter beyond the states themselves (pinned staging buffers, CPU Adam's
+# copies): the one measured point, ZeRO-3 offload of 2.7B on an H200 at 56.6 GiB of host memory (21 bytes
+# per parameter against 18 of states), gives 3. An estimate, to be fitted against more runs.
+OFFLOAD_HOST_OVERHEAD_BYTES = 3
+# CPU Adam reads fp32 gradients: each offloaded parameter's gradient is kept in host memory in fp32.
+HOST_GRADIENT_BYTES = 4
+# A margin the planner leaves on each GPU beyond the prediction when it chooses an offload ratio, so that
+# a prediction a little low still trains.
+CHOICE_MARGIN = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class ZeroSetting:
+    stage: int
+    optimizer_offload: float = 0.0  # the share of optimizer states in host memory (1.0: all)
+    offload_parameters: bool = False
+    nvme: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    gpu_bytes: float  # per GPU, as torch.cuda.max_memory_allocated would report it
+    host_bytes: float  # the node's training processes together
+    nvme_bytes: float
+    offloaded_fraction: float
+
+
+def predict(
+    workload: Workload, gpus: int, setting: ZeroSetting, parameters: dict[str, Any] | None = None
+) -> Prediction:
+    """Peaks of one ZeRO setting for ``workload`` on ``gpus`` GPUs of one node."""
+    options = {**DEFAULTS, **(parameters or {})}
+    count, states, shape = workload.parameters, workload.state_bytes(), workload.shape
+    ratio, stage = setting.optimizer_offload, setting.stage
+    per_rank = count / gpus
+
+    weights = count * states.weights / (gpus if stage == 3 else 1)
+    if setting.offload_parameters:
+        weights = 0.0
+    # Gradients are partitioned from stage 2 on; the offloaded share of a partition goes to the host in fp32.
+    gradients = count * states.gradients / (gpus if stage >= 2 else 1)
+    gradients *= 1 - ratio if stage >= 2 else 1
+    optimizer_side = per_rank * states.optimizer_side if stage >= 1 else count * states.optimizer_side
+    gpu_optimizer = optimizer_side * (1 - ratio)
+
+    largest_module = max(shape.block_parameters(), shape.vocabulary * shape.hidden)
+    if stage == 3:
+        # Parameters gathered for the module being run, the next one being prefetched, and the reduce bucket.
+        gathered = (2 * largest_module + STAGE3_PREFETCH_BUCKET_ELEMENTS) * states.weights
+        buffers = gathered + options["reduce_bucket_size"] * states.gradients * (2 if options["overlap_comm"] else 1)
+        # The step works on fp32 gradients of one sub-group of the GPU's partition at a time.
+        buffers += min(options["sub_group_size"], per_rank) * 4 * (1 - ratio)
+    elif stage >= 1:
+        factor = OVERLAP_COMM_BUCKET_FACTOR if options["overlap_comm"] else 1.0
+        buckets = max(options["reduce_bucket_size"], options["allgather_bucket_size"])
+        buffers = buckets * states.gradients * factor
+    else:
+        buffers = 0.0
+    gpu = weights + gradients + gpu_optimizer + buffers + activation_bytes(workload)
+
+    offloaded_states = ratio * count * (states.optimizer_side + HOST_GRADIENT_BYTES)
+    offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
+    offloaded = offloaded_states + offloaded_weights
+    overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
+    host_states = 0.0 if setting.nvme else offloaded + overhead
+    nvme = offloaded if setting.nvme else 0.0
+    host = host_base_bytes(gpus) + host_states
+    moved = ratio * count * states.optimizer_side + offloaded_weights + (ratio * count * states.gradients)
+    return Prediction(gpu, host, nvme, min(1.0, moved / (count * states.total)))
+
+
+# Sub-groups per process when a share of the optimizer is offloaded: DeepSpeed places whole sub-groups, so
+# this many make the ratio act in steps of 5%.
+PARTIAL_OFFLOAD_SUB_GROUPS = 20
+
+
+def _settings(setting: ZeroSetting, workload: Workload, gpus: int) -> dict[str, Any]:
+    settings: dict[str, Any] = {"stage": setting.stage}
+    if setting.optimizer_offload >= 1:
+        settings["offload_optimizer"] = True
+    elif setting.optimizer_offload > 0:
+        settings["offload_optimizer"] = round(setting.optimizer_offload, 3)
+        settings["sub_group_size"] = max(1, math.ceil(workload.parameters / gpus / PARTIAL_OFFLOAD_SUB_GROUPS))
+    if setting.offload_parameters:
+        settings["offload_parameters"] = True
+    if setting.nvme:
+        settings.update(remote_device="nvme", offload_params_device="nvme", offload_optimizer_device="nvme")
+    return settings
+
+
+def _candidate(name: str, workload: Workload, machine: Machine, setting: ZeroSetting, preference: int) -> Candidate:
+    gpus = max(1, machine.gpus)
+    prediction = predict(workload, gpus, setting)
+    notes = []
+    if 0 < setting.optimizer_offload < 1:
+        notes.append(f"offloads {setting.optimizer_offload:.0%} of the optimizer states (DeepSpeed's offload ratio)")
+    return candidate(
+        name,
+        _settings(setting, workload, gpus),
+        prediction.gpu_bytes,
+        prediction.host_bytes,
+        machine,
+        prediction.offloaded_fraction,
+        notes,
+        preference,
+        prediction.nvme_bytes,
+    )
+
+
+def _with_margin(machine: Machine) -> Machine:
+    """The machine with less GPU memory by CHOICE_MARGIN, for choosing how much to offload."""
+    return dataclasses.replace(machine, gpu_memory_bytes=int(machine.gpu_memory_bytes * (1 - CHOICE_MARGIN)))
+
+
+def choose_offload_ratio(workload: Workload, machine: Machine) -> float | None:
+    """The least share of optimizer states ZeRO-3 must offload for the GPU peak to fit with a margin."""
+    gpus = max(1, machine.gpus)
+
+    def peaks(ratio: float) -> tuple[float, float]:
+        prediction = predict(workload, gpus, ZeroSetting(3, ratio))
+        return prediction.gpu_bytes, prediction.host_bytes
+
+    return smallest_fitting_fraction(peaks, _with_margin(machine))
+
+
+def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
+    """One candidate per useful setting: no offload (stages 2 and 3), the least optimizer offload that fits,
+    full offload, parameters offloaded too, and NVMe."""
+    found = [
+        _candidate("deepspeed_stage_2", workload, machine, ZeroSetting(2), 0),
+        _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3), 1),
+        _candidate("deepspeed_stage_2_offload", workload, machine, ZeroSetting(2, 1.0), 1),
+    ]
+    ratio = choose_offload_ratio(workload, machine)
+    if ratio is not None and 0 < ratio < 1:
+        found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0))
+    found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2))
+    # Parameters go to the host only when the optimizer's whole share there is not enough.
+    found.append(_candidate("deepspeed_stage_3_offload", workload, machine, ZeroSetting(3, 1.0, True), 3))
+    found.append(
+        _candidate("deepspeed_stage_3_offload_nvme", workload, machine, ZeroSetting(3, 1.0, True, nvme=True), 4)
+    )
+    return found

@@ -1,0 +1,127 @@
+"""DeepSpeed's memory model (arithmetic) and the offload ratio reaching a real ZeRO-3 engine on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import clean_environment
+
+from lightning_strategies.parameters import ObsoleteParameterWarning
+from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes
+from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.memory import ZeroSetting, candidates, choose_offload_ratio, predict
+
+HERE = Path(__file__).parent
+ISSUE_MACHINE = Machine(gpus=1, gpu_memory_bytes=139 * GIB, host_memory_bytes=128 * GIB)  # one H200
+
+
+def _states_on_gpu(workload: Workload, gpus: int, setting: ZeroSetting) -> float:
+    """The GPU peak without what does not depend on partitioning: buffers at zero size, no activations."""
+    buffers = {"reduce_bucket_size": 1, "allgather_bucket_size": 1, "overlap_comm": False, "sub_group_size": 1}
+    return predict(workload, gpus, setting, buffers).gpu_bytes - activation_bytes(workload)
+
+
+def test_model_states_are_sixteen_bytes_per_parameter_partitioned_by_stage():
+    workload = Workload.build("1B")
+    count = workload.parameters
+
+    def saved_by_four_gpus(stage: int) -> float:  # what partitioning over 4 GPUs takes off each one
+        return _states_on_gpu(workload, 1, ZeroSetting(stage)) - _states_on_gpu(workload, 4, ZeroSetting(stage))
+
+    # Stage 1 partitions the optimizer side (12 bytes), stage 2 the gradients too (14), stage 3 all 16.
+    assert saved_by_four_gpus(1) == pytest.approx(12 * count * 3 / 4, rel=0.001)
+    assert saved_by_four_gpus(2) == pytest.approx(14 * count * 3 / 4, rel=0.001)
+    assert saved_by_four_gpus(3) == pytest.approx(16 * count * 3 / 4, rel=0.001)
+    # On one GPU every stage holds all 16 bytes (stage 3 adds the parameters it gathers).
+    for stage in (1, 2, 3):
+        assert _states_on_gpu(workload, 1, ZeroSetting(stage)) == pytest.approx(16 * count, rel=0.05)
+
+
+def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
+    workload = Workload.build("2.7B")
+    none, half, full = (predict(workload, 1, ZeroSetting(3, ratio)) for ratio in (0.0, 0.5, 1.0))
+    assert none.gpu_bytes > half.gpu_bytes > full.gpu_bytes
+    assert none.host_bytes < half.host_bytes < full.host_bytes
+    assert 0 == none.offloaded_fraction < half.offloaded_fraction < full.offloaded_fraction
+    # Half the optimizer side (master + moments, 12 bytes), of the bf16 gradients (2) and of the fp32 gradients
+    # the step works on (4; one sub-group by default) leaves the GPU.
+    moved = none.gpu_bytes - half.gpu_bytes
+    assert moved == pytest.approx(0.5 * (12 + 2 + 4) * workload.parameters, rel=0.001)
+    parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
+    assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
+
+
+def test_the_issue_measurement_of_2_7b_offload_is_within_ten_percent():
+    """ZeRO-3 offload of 2.7B on one H200: host 56.6 GiB, GPU 27 GiB measured (issue 13). The one point the
+    host overhead was fitted on, so this checks the arithmetic stays on it, not that the model is right."""
+    prediction = predict(Workload.build("2.7B"), 1, ZeroSetting(3, 1.0, offload_parameters=True))
+    assert prediction.host_bytes / GIB == pytest.approx(56.6, rel=0.1)
+    assert prediction.gpu_bytes / GIB == pytest.approx(27, rel=0.1)
+
+
+def test_the_chosen_ratio_is_the_least_that_fits_and_comes_with_sub_groups():
+    workload = Workload.build("6.7B")
+    ratio = choose_offload_ratio(workload, ISSUE_MACHINE)
+    assert ratio is not None and 0 < ratio < 1
+    assert choose_offload_ratio(Workload.build("1.3B"), ISSUE_MACHINE) == 0.0
+    partial = [c for c in candidates(workload, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+    assert len(partial) == 1 and partial[0].fits and partial[0].strategy == "deepspeed_stage_3"
+    assert partial[0].settings["offload_optimizer"] == pytest.approx(ratio)
+    assert partial[0].settings["sub_group_size"] == pytest.approx(workload.parameters / 20, rel=0.01)
+    # The plan's settings are accepted by the strategy's validation and reach the config as DeepSpeed's ratio.
+    parameters = {**settings.DEFAULTS, **partial[0].settings}
+    settings.validate_parameters(parameters)
+    assert settings.build_config(parameters)["zero_optimization"]["offload_optimizer"]["ratio"] == ratio
+
+
+def test_activation_checkpointing_lowers_the_gpu_peak():
+    plain = predict(Workload.build("6.7B"), 1, ZeroSetting(3, 1.0))
+    checkpointed = predict(Workload.build("6.7B", activation_checkpointing=True), 1, ZeroSetting(3, 1.0))
+    assert checkpointed.gpu_bytes < plain.gpu_bytes - 20 * GIB
+
+
+@pytest.mark.parametrize(
+    ("value", "stage", "message"),
+    [
+        (1.5, 3, "a number above 0 and at most 1"),
+        (0.0, 3, "a number above 0 and at most 1"),
+        ("half", 3, "a number above 0 and at most 1"),
+        (0.5, 2, "only with ZeRO stage 3"),
+    ],
+)
+def test_a_wrong_offload_ratio_is_refused_with_the_fix(value, stage, message):
+    with pytest.raises(ValueError, match=message):
+        settings.validate_parameters({**settings.DEFAULTS, "offload_optimizer": value, "stage": stage})
+
+
+def test_a_ratio_without_sub_groups_warns_that_everything_is_offloaded():
+    parameters = {**settings.DEFAULTS, "stage": 3, "offload_optimizer": 0.5}
+    with pytest.warns(ObsoleteParameterWarning, match="sub_group_size"):
+        settings.warn_ineffective_parameters(parameters, config_given=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        settings.warn_ineffective_parameters({**parameters, "sub_group_size": 1000}, config_given=False)
+    assert (
+        "ratio"
+        not in settings.build_config({**parameters, "offload_optimizer": True})["zero_optimization"][
+            "offload_optimizer"
+        ]
+    )
+
+
+def test_the_offload_ratio_reaches_a_real_zero3_engine_on_cpu(tmp_path):
+    out = tmp_path / "result.json"
+    command = [sys.executable, str(HERE / "partial_offload_script.py"), str(out), "0.5", "300"]
+    result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    recorded = json.loads(out.read_text())
+    assert recorded["config_ratio"] == 0.5
+    assert recorded["engine_ratio"] == 0.5 and recorded["optimizer_ratio"] == 0.5
+    assert recorded["partial_offload_path"], "DeepSpeed did not take its partial-offload path"
+    assert recorded["sub_groups"] > 1, "one sub-group: DeepSpeed would offload all of it whatever the ratio"
+    assert recorded["steps"] == 2

@@ -1,0 +1,67 @@
+"""FSDP2's memory model for `lightning-strategies plan`: predicted peaks of each fsdp name on one node.
+
+Arithmetic only (no torch). FSDP2 keeps every parameter as an fp32 shard with its fp32 gradient shard
+and optimizer moments; in forward and backward the blocks are gathered one or two at a time in the
+compute precision (MixedPrecisionPolicy). CPUOffloadPolicy moves the shards, gradients and moments to
+host memory, leaving only gathered blocks and activations on the GPU.
+"""
+
+from __future__ import annotations
+
+from lightning_strategies.planning import Candidate, Machine, Workload, activation_bytes, candidate, host_base_bytes
+
+# Blocks gathered at a time: the one running and the one prefetched.
+GATHERED_BLOCKS = 2
+# Host bytes per parameter beyond the states with CPUOffloadPolicy: pinned staging copies of the gathered
+# low-precision weights and the gradients coming back. An estimate, to be fitted.
+OFFLOAD_HOST_OVERHEAD_BYTES = 2
+
+
+def _states_per_parameter(workload: Workload) -> int:
+    """fp32 weights and gradients (the sharded originals) and the optimizer's moments."""
+    return 4 + 4 + workload.optimizer_state_bytes
+
+
+def predict(workload: Workload, gpus: int, name: str) -> tuple[float, float, float]:
+    """(GPU peak per device, host peak of the node, share of model states offloaded) for an fsdp name."""
+    count, shape = workload.parameters, workload.shape
+    compute_bytes = workload.low_precision_bytes
+    states = count * _states_per_parameter(workload)
+    shards = 1 if name == "fsdp_no_shard" else gpus
+    # The root's own parameters (embeddings, head) stay gathered from forward until its backward.
+    root = 2 * shape.vocabulary * shape.hidden + workload.sequence_length * shape.hidden
+    block = shape.block_parameters()
+    if name == "fsdp_shard_grad_op":
+        gathered = count * compute_bytes  # reshard_after_forward=False: every block stays gathered
+    else:
+        gathered = (GATHERED_BLOCKS * block + root) * compute_bytes
+    # A block's unsharded gradient before it is reduce-scattered, in fp32.
+    unsharded_gradient = block * 4
+    offloading = name == "fsdp_cpu_offload"
+    gpu_states = 0.0 if offloading else states / shards
+    gpu = gpu_states + gathered + unsharded_gradient + activation_bytes(workload)
+    host = host_base_bytes(gpus) + (states + OFFLOAD_HOST_OVERHEAD_BYTES * count if offloading else 0.0)
+    return gpu, host, 1.0 if offloading else 0.0
+
+
+# name -> (constructor settings, preference among equal offload)
+NAMES = {
+    "fsdp": ({}, 0),
+    "fsdp_shard_grad_op": ({}, 1),
+    "fsdp_no_shard": ({}, 2),
+    "fsdp_cpu_offload": ({}, 0),
+}
+
+
+def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
+    gpus = max(1, machine.gpus)
+    found = []
+    for name, (settings, preference) in NAMES.items():
+        if name == "fsdp_no_shard" and gpus == 1:
+            continue  # the same as fsdp on one GPU
+        gpu, host, offloaded = predict(workload, gpus, name)
+        notes = []
+        if workload.activation_checkpointing:
+            notes.append("pass activation_checkpointing_policy={YourBlock} for the checkpointing planned here")
+        found.append(candidate(name, settings, gpu, host, machine, offloaded, notes, preference))
+    return found
