@@ -21,7 +21,7 @@ from lightning_strategies.planning import (
     host_base_bytes,
     smallest_fitting_fraction,
 )
-from lightning_strategies_deepspeed.config import DEFAULTS
+from lightning_strategies_deepspeed.defaults import DEFAULTS
 
 # DeepSpeed's own defaults for settings our strategy does not expose (elements, not bytes).
 STAGE3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
