@@ -11,8 +11,8 @@ from types import ModuleType
 
 from packaging.specifiers import SpecifierSet
 
+from lightning_strategies import MissingBackendError
 from lightning_strategies.backends import require_backend
-from lightning_strategies.errors import MissingBackendError
 
 DISTRIBUTION = "lightning-strategies-colossalai-gemini"
 SUPPORTED = SpecifierSet(">=0.5.0,<0.6")

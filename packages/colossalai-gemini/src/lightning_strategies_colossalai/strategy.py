@@ -20,6 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_strategies import CapabilityError, CheckpointError
 from lightning_strategies.checkpoints import (
     COLOSSALAI,
     check_checkpoint_file,
@@ -33,7 +34,6 @@ from lightning_strategies.checkpoints import (
     weights_only_keyword,
 )
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
-from lightning_strategies.errors import CapabilityError, CheckpointError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai.backend import load_colossalai

@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
+from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "DeepSpeedStrategy"
 CONFIG_PATH_VARIABLE = "PL_DEEPSPEED_CONFIG_PATH"  # the variable Lightning's strategy reads too

@@ -15,7 +15,7 @@ from lightning.fabric.utilities.types import Steppable
 from lightning.pytorch.plugins.precision import Precision
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_strategies.parameters import check_choice
+from lightning_strategies import check_choice
 
 DTYPES = {
     "32-true": torch.float32,

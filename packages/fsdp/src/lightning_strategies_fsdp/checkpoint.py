@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
+from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
-from lightning_strategies.errors import CheckpointError
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
     METADATA_FILE,

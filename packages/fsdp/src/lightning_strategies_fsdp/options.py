@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
-from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
+from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "FSDPStrategy"
 

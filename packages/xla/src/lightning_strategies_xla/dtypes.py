@@ -16,7 +16,7 @@ import torch
 from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
 from lightning.fabric.utilities.apply_func import apply_to_collection
 
-from lightning_strategies.parameters import check_choice
+from lightning_strategies import check_choice
 
 PRECISION_DTYPES = {"32-true": torch.float32, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 # The variables Lightning's own XLA plugins set; see forget_stock_environment().

@@ -21,6 +21,7 @@ from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
 
+from lightning_strategies import check_type
 from lightning_strategies.checkpoints import (
     check_checkpoint_file,
     recover_before_load,
@@ -28,7 +29,6 @@ from lightning_strategies.checkpoints import (
     weights_only_keyword,
 )
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
-from lightning_strategies.parameters import check_type
 from lightning_strategies.precision import is_stock_precision
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
