@@ -109,3 +109,11 @@ def test_the_authoring_guide_lists_the_face() -> None:
     section = guide.split("## What a plugin may import", 1)[1].split("\n## ", 1)[0]
     undocumented = [module for module in (CORE, *lightning_strategies.PUBLIC_MODULES) if f"`{module}`" not in section]
     assert not undocumented, f"docs/plugin-authoring.md's 'What a plugin may import' does not name {undocumented}"
+
+
+@pytest.mark.parametrize(
+    "folder", [*PACKAGE_SOURCES, REPOSITORY / "packages" / "core" / "src" / CORE], ids=lambda f: f.name
+)
+def test_every_package_declares_its_types(folder: Path) -> None:
+    # PEP 561: without py.typed, mypy treats an installed package as untyped and checks nothing against it.
+    assert (folder / "py.typed").is_file(), f"add an empty {folder.relative_to(REPOSITORY)}/py.typed"

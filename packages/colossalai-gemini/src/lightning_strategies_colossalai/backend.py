@@ -7,6 +7,7 @@ and in the tested range, and says how to install it when it is not.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from packaging.specifiers import SpecifierSet
@@ -33,7 +34,7 @@ def load_colossalai() -> ModuleType:
         supported=str(SUPPORTED),
     )
     try:
-        import colossalai.booster.plugin
+        importlib.import_module("colossalai.booster.plugin")
     except ImportError as error:
         raise MissingBackendError(
             f"colossalai {colossalai.__version__} is installed but its Gemini plugin cannot be imported: {error}. "

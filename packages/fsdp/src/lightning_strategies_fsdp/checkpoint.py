@@ -403,12 +403,12 @@ def _set_nested(root: dict[str, Any], where: tuple[str | int, ...], value: Any) 
 
 
 def _get(container: Any, step: str | int) -> Any:
-    if isinstance(container, list):
+    if isinstance(container, list) and isinstance(step, int):
         return container[step] if step < len(container) else None
     return container.get(step)
 
 
 def _put(container: Any, step: str | int, value: Any) -> None:
-    if isinstance(container, list):
+    if isinstance(container, list) and isinstance(step, int):
         container.extend([None] * (step + 1 - len(container)))
     container[step] = value
