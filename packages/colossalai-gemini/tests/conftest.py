@@ -1,22 +1,11 @@
-"""Markers and shared fixtures for the colossalai-gemini tests."""
+"""Shared fixtures for the colossalai-gemini tests (the gpu/tpu markers come from core's pytest plugin)."""
 
 from __future__ import annotations
-
-import socket
 
 import pytest
 import torch.distributed as dist
 
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs one or more CUDA GPUs")
-    config.addinivalue_line("markers", "tpu: needs a TPU")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from lightning_strategies.testing import free_port
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_strategies.checkpoint_formats import (
+from lightning_strategies.checkpoints import (
     COLOSSALAI,
     DCP,
     DEEPSPEED,

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_strategies.checkpoint_io import (
+from lightning_strategies.checkpoints import (
     check_checkpoint_file,
     check_trainer_checkpoint,
     reads_torch_save_files,
-    staged_checkpoint,
+    staged_checkpoint_io_save,
     writes_in_background,
 )
 from lightning_strategies.errors import CheckpointError
@@ -30,9 +30,9 @@ class AsyncCheckpointIO:
 def test_background_writers_are_not_staged(tmp_path: Path) -> None:
     background = AsyncCheckpointIO(TorchCheckpointIO())
     assert writes_in_background(background) and not writes_in_background(TorchCheckpointIO())
-    with staged_checkpoint(tmp_path / "last.ckpt", background, True, lambda: None) as path:
+    with staged_checkpoint_io_save(tmp_path / "last.ckpt", background, True, lambda: None) as path:
         assert path == tmp_path / "last.ckpt"  # publishing after the call would rename a file still being written
-    with staged_checkpoint(tmp_path / "last.ckpt", TorchCheckpointIO(), True, lambda: None) as path:
+    with staged_checkpoint_io_save(tmp_path / "last.ckpt", TorchCheckpointIO(), True, lambda: None) as path:
         assert path != tmp_path / "last.ckpt"
         torch.save({"state_dict": {}}, path)
     assert (tmp_path / "last.ckpt").is_file()

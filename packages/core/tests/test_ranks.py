@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,16 +12,11 @@ from pathlib import Path
 import pytest
 
 from lightning_strategies.ranks import EXIT_CODE, TIMEOUT_VARIABLE, failed_rank_timeout
+from lightning_strategies.testing import free_port
 
 WORKER = Path(__file__).with_name("rank_worker.py")
 # Far below the 30-minute process-group timeout a survivor would otherwise wait for.
 NO_HANG = 120
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_ranks(

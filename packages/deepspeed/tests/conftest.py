@@ -14,29 +14,35 @@ import pytest
 import torch
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
+from lightning_strategies.testing import run_script
 
 HERE = Path(__file__).parent
 PACKAGE = HERE.parent
 # JIT-built DeepSpeed ops (CPUAdam, async I/O) are built once and reused by every run.
 EXTENSIONS_DIR = Path(os.environ.get("TORCH_EXTENSIONS_DIR", PACKAGE / ".cache" / "torch_extensions")).resolve()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run with -m gpu on the GPU machine)")
-    config.addinivalue_line("markers", "tpu: needs a TPU")
+# What launched runs get: the shared extensions folder, and not DeepSpeed's accelerator switch (the strategy
+# must choose the accelerator itself).
+EXTRA = {"TORCH_EXTENSIONS_DIR": str(EXTENSIONS_DIR)}
+UNSET = ("DS_ACCELERATOR",)
 
 
 def clean_environment() -> dict[str, str]:
-    """A fresh launch environment minus DeepSpeed's accelerator switch: the strategy must choose it."""
-    environment = fresh_launch_environment()
-    environment.pop("DS_ACCELERATOR", None)
-    environment["TORCH_EXTENSIONS_DIR"] = str(EXTENSIONS_DIR)
+    """A fresh launch environment minus DeepSpeed's accelerator switch, with the shared extensions folder."""
+    environment = fresh_launch_environment(EXTRA)
+    for name in UNSET:
+        environment.pop(name, None)
     return environment
 
 
-def run_training(out: Path, strategy: str = "deepspeed", options: dict[str, Any] | None = None, **arguments: Any):
+def run_training(
+    out: Path,
+    strategy: str = "deepspeed",
+    options: dict[str, Any] | None = None,
+    check: bool = False,
+    **arguments: Any,
+) -> subprocess.CompletedProcess[str]:
     """Run tests/train_script.py (2 processes on CPU by default); rank 0 writes its results to ``out``."""
-    command = [sys.executable, str(HERE / "train_script.py"), "--strategy", strategy, "--out", str(out)]
+    command: list[str | Path] = [HERE / "train_script.py", "--strategy", strategy, "--out", out]
     if options:
         command += ["--strategy-options", json.dumps(options)]
     for name, value in arguments.items():
@@ -45,7 +51,7 @@ def run_training(out: Path, strategy: str = "deepspeed", options: dict[str, Any]
             command.append(flag)
         elif value is not None and value is not False:
             command += [flag, str(value)]
-    return subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+    return run_script(*command, env=EXTRA, unset=UNSET, timeout=600, check=check)
 
 
 @pytest.fixture
@@ -55,8 +61,7 @@ def train(tmp_path: Path):
 
     def run(strategy: str = "deepspeed", options: dict[str, Any] | None = None, **arguments: Any) -> dict[str, Any]:
         out = tmp_path / f"result-{next(counter)}.pt"
-        result = run_training(out, strategy, options, **arguments)
-        assert result.returncode == 0, f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+        run_training(out, strategy, options, check=True, **arguments)
         return torch.load(out, weights_only=False)
 
     return run

@@ -1,4 +1,5 @@
-"""PJRT's CPU device stands in for a TPU in the cpu tier; the tpu tier runs on a TPU VM."""
+"""PJRT's CPU device stands in for a TPU in the cpu tier; the tpu tier (``-m tpu``, a marker of core's pytest
+plugin) runs on a TPU VM with PJRT_DEVICE=TPU."""
 
 import os
 
@@ -9,11 +10,6 @@ if not ON_TPU_TIER:
     # Before torch_xla is imported anywhere: one PJRT CPU device (several hang in collectives on 2 cores).
     os.environ.setdefault("PJRT_DEVICE", "CPU")
     os.environ.setdefault("CPU_NUM_DEVICES", "1")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU")
-    config.addinivalue_line("markers", "tpu: needs a TPU VM (PJRT_DEVICE=TPU)")
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,9 @@
 """The example parameter of {{class_name}} does what its docstring says; replace these tests with yours."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from lightning_strategies.testing import run_script
 
 from {{module}}.strategy import {{class_name}}
 
@@ -52,8 +51,8 @@ print(json.dumps(results))
 
 def test_fp16_gradient_communication_rounds_gradients_to_float16():
     # In a child process, so the process group that training creates ends with it.
-    result = subprocess.run([sys.executable, "-c", GRADIENT_PROBE], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    # run_script (core's test kit) fails with the tail of the child's output if it exits non-zero.
+    result = run_script("-c", GRADIENT_PROBE, timeout=300)
     float16_exact = json.loads(result.stdout.strip().splitlines()[-1])
     assert float16_exact == {"False": [False, False, False], "True": [True, True, True]}
 

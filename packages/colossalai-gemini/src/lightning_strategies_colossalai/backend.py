@@ -7,12 +7,13 @@ and in the tested range, and says how to install it when it is not.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from packaging.specifiers import SpecifierSet
 
+from lightning_strategies import MissingBackendError
 from lightning_strategies.backends import require_backend
-from lightning_strategies.errors import MissingBackendError
 
 DISTRIBUTION = "lightning-strategies-colossalai-gemini"
 SUPPORTED = SpecifierSet(">=0.5.0,<0.6")
@@ -33,7 +34,7 @@ def load_colossalai() -> ModuleType:
         supported=str(SUPPORTED),
     )
     try:
-        import colossalai.booster.plugin
+        importlib.import_module("colossalai.booster.plugin")
     except ImportError as error:
         raise MissingBackendError(
             f"colossalai {colossalai.__version__} is installed but its Gemini plugin cannot be imported: {error}. "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
+from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "ColossalAIStrategy"
 PLACEMENTS = ("cpu", "cuda", "auto")

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import check_file, load_file
-from lightning_strategies.errors import CheckpointError
 
 SHARDED_MARKER = "colossalai_sharded_checkpoint"
 META_FILE = "meta.pt"

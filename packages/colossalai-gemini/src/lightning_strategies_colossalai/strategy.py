@@ -20,16 +20,20 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_strategies.checkpoint_formats import COLOSSALAI, foreign_checkpoint_error, identify
-from lightning_strategies.checkpoint_io import (
+from lightning_strategies import CapabilityError, CheckpointError
+from lightning_strategies.checkpoints import (
+    COLOSSALAI,
     check_checkpoint_file,
     check_trainer_checkpoint,
+    foreign_checkpoint_error,
+    identify,
+    is_local,
+    recover_before_load,
     remove_checkpoint_path,
-    staged_checkpoint,
+    staged_save,
     weights_only_keyword,
 )
-from lightning_strategies.checkpoints import is_local, recover_before_load, staged_save
-from lightning_strategies.errors import CapabilityError, CheckpointError
+from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai.backend import load_colossalai

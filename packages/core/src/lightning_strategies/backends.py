@@ -15,6 +15,12 @@ from packaging.version import Version
 
 from lightning_strategies.errors import MissingBackendError
 
+__all__ = [
+    "declared_requirement",
+    "installed_version",
+    "require_backend",
+]
+
 
 def declared_requirement(distribution: str, backend_distribution: str) -> Requirement | None:
     """The requirement ``distribution`` declares on ``backend_distribution``, if installed and declared."""

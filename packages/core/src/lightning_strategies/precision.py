@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = [
+    "OwnPrecisionMixin",
+    "is_stock_precision",
+]
+
 # Modules whose precision classes are Lightning's stock defaults, in every Lightning flavour.
 _STOCK_PRECISION_MODULES = (
     "lightning.pytorch.plugins.precision.",

@@ -40,6 +40,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+__all__ = [
+    "EXIT_CODE",
+    "TIMEOUT_VARIABLE",
+    "ReportFailuresMixin",
+    "failed_rank_timeout",
+    "report_failure",
+    "watch_ranks",
+]
+
 TIMEOUT_VARIABLE = "LIGHTNING_STRATEGIES_FAILED_RANK_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
 EXIT_CODE = 70  # distinct from 1 (an exception on this rank): "ended because another rank failed"

@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from lightning_strategies.checkpoint_formats import foreign_checkpoint_error
-from lightning_strategies.checkpoints import check_file, load_file, staged_save
-from lightning_strategies.errors import CheckpointError, CheckpointNotFoundError
+from lightning_strategies import CheckpointError, CheckpointNotFoundError
+from lightning_strategies.checkpoints import check_file, foreign_checkpoint_error, load_file, staged_save
 from lightning_strategies_deepspeed import compatibility
 
 TAG = "checkpoint"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import check_file
-from lightning_strategies.errors import CheckpointError
 
 # One file per data-parallel rank: "bf16_" when the optimizer kept bf16 weights.
 _OPTIMIZER_STATES = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")

@@ -16,7 +16,7 @@ from typing import Any
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
+from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 
 STRATEGY = "DeepSpeedStrategy"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies import CheckpointError
 from lightning_strategies_deepspeed.checkpoint import convert_to_universal, convert_zero_checkpoint
 
 

@@ -25,9 +25,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from lightning_strategies.checkpoint_io import weights_only_keyword
-from lightning_strategies.checkpoints import recover, staged_save
-from lightning_strategies.parameters import check_choice
+from lightning_strategies import check_choice
+from lightning_strategies.checkpoints import recover, staged_save, weights_only_keyword
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings

@@ -15,7 +15,7 @@ from lightning.fabric.utilities.types import Steppable
 from lightning.pytorch.plugins.precision import Precision
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_strategies.parameters import check_choice
+from lightning_strategies import check_choice
 
 DTYPES = {
     "32-true": torch.float32,
@@ -60,7 +60,10 @@ class DeepSpeedPrecision(Precision):
         if not boundary:
             engine.step()  # advances DeepSpeed's micro-step bookkeeping; no update off the boundary
 
-    def optimizer_step(self, optimizer: Steppable, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+    # The Trainer's signature, which narrows Fabric's as Lightning's own Trainer Precision does.
+    def optimizer_step(  # type: ignore[override]
+        self, optimizer: Steppable, model: Any, closure: Callable[[], Any], **kwargs: Any
+    ) -> Any:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise ValueError(
                 "DeepSpeed cannot drive LBFGS, whose step re-evaluates the closure. Use another optimizer."

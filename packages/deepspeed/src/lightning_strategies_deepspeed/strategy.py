@@ -26,8 +26,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
+from lightning_strategies import CheckpointError, MissingBackendError
 from lightning_strategies.checkpoints import recover, remove, staged_save
-from lightning_strategies.errors import CheckpointError, MissingBackendError
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints

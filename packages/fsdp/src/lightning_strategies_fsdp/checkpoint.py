@@ -35,10 +35,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from lightning_strategies.checkpoint_io import reads_torch_save_files, weights_only_keyword
-from lightning_strategies.checkpoint_io import staged_checkpoint as staged_checkpoint_io
-from lightning_strategies.checkpoints import load_file, staged_save
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
+from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
     METADATA_FILE,
@@ -404,12 +403,12 @@ def _set_nested(root: dict[str, Any], where: tuple[str | int, ...], value: Any) 
 
 
 def _get(container: Any, step: str | int) -> Any:
-    if isinstance(container, list):
+    if isinstance(container, list) and isinstance(step, int):
         return container[step] if step < len(container) else None
     return container.get(step)
 
 
 def _put(container: Any, step: str | int, value: Any) -> None:
-    if isinstance(container, list):
+    if isinstance(container, list) and isinstance(step, int):
         container.extend([None] * (step + 1 - len(container)))
     container[step] = value

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies import CheckpointError
 from lightning_strategies_fsdp.checkpoint import full_to_sharded, sharded_to_full
 from lightning_strategies_fsdp.validation import check_checkpoint_path, is_sharded_checkpoint
 

@@ -22,8 +22,8 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_strategies import check_choice
 from lightning_strategies.checkpoints import recover_before_load
-from lightning_strategies.parameters import check_choice
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options

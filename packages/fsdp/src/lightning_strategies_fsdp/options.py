@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
-from lightning_strategies.parameters import check_choice, check_type, warn_obsolete_parameter
+from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "FSDPStrategy"
 
@@ -192,9 +192,10 @@ def parse_mixed_precision(value: Any) -> MixedPrecisionPolicy | None:
         for name, reason in _FSDP1_MIXED_PRECISION_IGNORED.items():
             if name in defaults and getattr(value, name) != defaults[name]:
                 warn_obsolete_parameter(STRATEGY, f"mixed_precision.{name}", getattr(value, name), reason)
+        fsdp1_policy: Any = value  # FSDP1's MixedPrecision, recognised by its fields rather than imported
         return MixedPrecisionPolicy(
-            param_dtype=value.param_dtype,
-            reduce_dtype=value.reduce_dtype,
+            param_dtype=fsdp1_policy.param_dtype,
+            reduce_dtype=fsdp1_policy.reduce_dtype,
             cast_forward_inputs=True,
         )
     raise TypeError(

@@ -80,7 +80,7 @@ PARAMETERS: dict[str, str] = {
 
 
 @hookimpl
-def register_strategies(registry):  # type: ignore[no-untyped-def]
+def register_strategies(registry):
     for name, (description, init_params, replaces_builtin) in NAMES.items():
         registry.register(
             name,

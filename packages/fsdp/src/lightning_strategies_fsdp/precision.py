@@ -9,7 +9,8 @@ fp16 needs its gradient scaler and autocast's fp32 islands to avoid overflow.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -20,5 +21,6 @@ class FSDP2BF16MixedPrecision(MixedPrecision):
     def __init__(self, device: str = "cuda") -> None:
         super().__init__("bf16-mixed", device)
 
-    def forward_context(self) -> AbstractContextManager:
-        return nullcontext()
+    @contextmanager
+    def forward_context(self) -> Iterator[None]:
+        yield

@@ -61,7 +61,8 @@ class ProcessGroupMixin:
         if self.cluster_environment is not None:
             self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
             self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank
+        # Both keep the process's rank as an attribute of the function, which their stubs do not declare.
+        rank_zero_only.rank = utilities_rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
 
     def connect_processes(self) -> None:
         """Join the process group and build the device mesh (from setup_environment)."""

@@ -27,7 +27,7 @@ def build_mesh(options: ShardingOptions, device: torch.device, world_size: int, 
         return options.device_mesh
     shape = mesh_shape(options, world_size, num_nodes)
     backends = mesh_backends(options, device, len(shape))
-    override = {"backend_override": backends} if backends else {}  # an argument since torch 2.7 or so
+    override: dict[str, Any] = {"backend_override": backends} if backends else {}  # an argument since torch 2.7 or so
     return init_device_mesh(device.type, shape, mesh_dim_names=MESH_DIM_NAMES[len(shape)], **override)
 
 
@@ -145,8 +145,8 @@ def materialize(module: nn.Module, device: torch.device, param_init_fn: Any = No
         for submodule in initializers:
             if param_init_fn is not None:
                 param_init_fn(submodule)
-            elif callable(getattr(submodule, "reset_parameters", None)):
-                submodule.reset_parameters()
+            elif callable(reset_parameters := getattr(submodule, "reset_parameters", None)):
+                reset_parameters()
             else:
                 raise RuntimeError(
                     f"{type(submodule).__name__} was created on the meta device but has no reset_parameters() to "

@@ -32,9 +32,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_strategies.checkpoint_io import reads_torch_save_files
-from lightning_strategies.checkpoints import recover_before_load, remove
-from lightning_strategies.parameters import check_choice
+from lightning_strategies import check_choice
+from lightning_strategies.checkpoints import reads_torch_save_files, recover_before_load, remove
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints

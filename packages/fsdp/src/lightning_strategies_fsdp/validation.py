@@ -25,9 +25,8 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from lightning_strategies.checkpoint_formats import COLOSSALAI, DEEPSPEED, foreign_checkpoint_error, identify
-from lightning_strategies.checkpoints import check_file
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import COLOSSALAI, DEEPSPEED, check_file, foreign_checkpoint_error, identify
 from lightning_strategies_fsdp.options import STRATEGY
 
 METADATA_FILE = "meta.pt"

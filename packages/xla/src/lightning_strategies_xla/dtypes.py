@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
 from lightning.fabric.utilities.apply_func import apply_to_collection
 
-from lightning_strategies.parameters import check_choice
+from lightning_strategies import check_choice
+
+if TYPE_CHECKING:
+    from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT_STR
 
 PRECISION_DTYPES = {"32-true": torch.float32, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 # The variables Lightning's own XLA plugins set; see forget_stock_environment().
@@ -36,12 +39,12 @@ def forget_stock_environment() -> None:
 class DtypeConversionMixin:
     """Puts modules, new tensors and float inputs in the dtype the precision flag names."""
 
-    precision: str
+    precision: _PRECISION_INPUT_STR  # as Lightning's precision plugins, which this mixes into, declare it
     _desired_dtype: torch.dtype
 
     def _choose_precision(self, precision: str) -> None:
         check_choice("XLAPrecision", "precision", precision, tuple(PRECISION_DTYPES))
-        self.precision = precision
+        self.precision = cast("_PRECISION_INPUT_STR", precision)  # one of ours: check_choice refused the rest
         self._desired_dtype = PRECISION_DTYPES[precision]
 
     @property

@@ -21,9 +21,14 @@ from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
 
-from lightning_strategies.checkpoint_io import check_checkpoint_file, staged_checkpoint, weights_only_keyword
-from lightning_strategies.checkpoints import recover_before_load, staged_save
-from lightning_strategies.parameters import check_type
+from lightning_strategies import check_type
+from lightning_strategies.checkpoints import (
+    check_checkpoint_file,
+    recover_before_load,
+    staged_save,
+    weights_only_keyword,
+)
+from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
 from lightning_strategies.precision import is_stock_precision
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment

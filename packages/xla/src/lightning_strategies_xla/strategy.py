@@ -22,15 +22,15 @@ from lightning.pytorch.strategies.single_xla import (
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
-from lightning_strategies.checkpoint_io import (
+from lightning_strategies import check_type
+from lightning_strategies.checkpoints import (
     check_checkpoint_file,
     check_trainer_checkpoint,
+    recover_before_load,
     remove_checkpoint_path,
-    staged_checkpoint,
     weights_only_keyword,
 )
-from lightning_strategies.checkpoints import recover_before_load
-from lightning_strategies.parameters import check_type
+from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import forget_stock_environment

@@ -11,9 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lightning_strategies.checkpoint_formats import foreign_checkpoint_error
-from lightning_strategies.checkpoints import check_file, is_local
-from lightning_strategies.errors import CheckpointError
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import check_file, foreign_checkpoint_error, is_local
 
 _SHARD = re.compile(r"checkpoint_rank-(\d+)-of-(\d+)\.pth")
 _READS = "folders of checkpoint_rank-*-of-*.pth shards (state_dict_type='sharded') or one consolidated file ('full')"

@@ -11,8 +11,8 @@ from typing import Any
 # Import Lightning as lightning.pytorch, written out: lightning-strategies rewrites these
 # imports to build the pytorch_lightning flavour of this class for pytorch_lightning users.
 from lightning.pytorch.strategies import DDPStrategy
+from lightning_strategies import check_type
 from lightning_strategies.checkpoints import remove, staged_save
-from lightning_strategies.parameters import check_type
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -19,6 +19,12 @@ from pathlib import Path
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
 
+__all__ = [
+    "TIERS",
+    "CheckReport",
+    "run_check",
+]
+
 
 @dataclass
 class CheckReport:

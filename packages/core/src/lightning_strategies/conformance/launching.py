@@ -12,6 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+__all__ = [
+    "RENDEZVOUS_VARIABLES",
+    "fresh_launch_environment",
+]
+
 # Set by Lightning's launchers and torchrun for one run; never meaningful to a new group of ranks.
 RENDEZVOUS_VARIABLES = (
     "MASTER_ADDR",

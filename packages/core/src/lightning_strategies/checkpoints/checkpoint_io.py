@@ -1,6 +1,6 @@
 """Checkpoints written through Lightning's CheckpointIO: staged so a crash never leaves half a file under
 the name, and checked before they are read (other strategies' checkpoints named by
-``checkpoint_formats``, with the fix).
+``formats.identify``, with the fix).
 
 For strategies that keep Lightning's one-file checkpoints (colossalai with state_dict_type="full",
 xla). CheckpointIO classes are matched by name: Lightning defines each in ``lightning`` and again
@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_strategies.checkpoint_formats import FILE, foreign_checkpoint_error, identify
-from lightning_strategies.checkpoints import check_file, is_local, remove, staged_save
+from lightning_strategies.checkpoints.formats import FILE, foreign_checkpoint_error, identify
+from lightning_strategies.checkpoints.loading import check_file
+from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
 
 ONE_FILE = "one checkpoint file (what trainer.save_checkpoint, ModelCheckpoint or fabric.save write)"
@@ -33,7 +34,7 @@ def writes_in_background(checkpoint_io: Any) -> bool:
 
 
 @contextlib.contextmanager
-def staged_checkpoint(
+def staged_checkpoint_io_save(
     path: Any, checkpoint_io: Any, is_global_zero: bool, barrier: Callable[[], None]
 ) -> Iterator[Any]:
     """Yield where every rank writes the checkpoint ``path``; it appears under ``path`` once all are done.

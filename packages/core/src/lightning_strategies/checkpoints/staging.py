@@ -1,13 +1,10 @@
-"""Checkpoints that survive a crash mid-save, and loading errors that say what happened.
+"""Checkpoints that survive a crash mid-save.
 
-Saving: a strategy writes into a staging path beside the target and publishes it once every
+A strategy writes into a staging path beside the target and publishes it once every
 rank has written, with one atomic rename (or, for a folder replacing a folder, an atomic
 exchange of the two). A process killed at any moment of a save therefore leaves the previous
 checkpoint whole under its name, and nothing half-written carries a name that Lightning's
 ``ckpt_path="last"`` would pick: the staging folder is hidden and has no ``.ckpt`` suffix.
-
-Loading: a missing, truncated or foreign checkpoint becomes a ``CheckpointError`` naming the
-problem and the fix, before a backend's loader fails somewhere deep inside.
 """
 
 from __future__ import annotations
@@ -17,19 +14,12 @@ import ctypes
 import errno
 import os
 import shutil
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from lightning_strategies.errors import CheckpointError
-
 STAGING_FOLDER = ".lightning-strategies-staging"
-# The legacy torch.save format begins with a protocol-2 pickle of torch's magic number.
-_LEGACY_TORCH_SAVE_START = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 _PREVIOUS_SUFFIX = ".previous"
 _TRASH_SUFFIX = ".removing"
 
@@ -122,62 +112,6 @@ def remove(path: str | os.PathLike[str]) -> None:
     os.replace(target, trash)
     _remove_tree(trash)
     _remove_if_empty(trash.parent)
-
-
-_TRUST = (
-    "Pass weights_only=False to trainer.fit/validate/test/predict (or fabric.load) if you trust the file, "
-    "or allow the classes with torch.serialization.add_safe_globals."
-)
-
-
-def load_file(
-    path: str | os.PathLike[str], weights_only: bool | None = None, trust: str = _TRUST, **options: Any
-) -> Any:
-    """``torch.load`` with errors that name the file, what is wrong with it and what to do.
-
-    ``trust`` says how the caller's user reads a trusted file with pickled objects (a command-line
-    tool has its own flag for it).
-    """
-    path = Path(path)
-    check_file(path)
-    if _is_legacy_torch_save(path):
-        options.pop("mmap", None)  # torch maps only the zip format
-    try:
-        return torch.load(path, weights_only=weights_only, **options)
-    except Exception as error:
-        if weights_only is not False and "weights_only" in str(error):
-            raise CheckpointError(
-                f"{path} holds objects that loading with weights_only=True refuses (it runs no pickled code): "
-                f"{str(error).splitlines()[0]} {trust}"
-            ) from error
-        raise CheckpointError(f"{path} could not be read ({error}). {_CORRUPT_HINT}") from error
-
-
-def check_file(path: Path) -> None:
-    """Refuse a missing, empty or truncated ``torch.save`` file before reading it."""
-    if not path.exists():
-        raise CheckpointError(f"No checkpoint file at {path}. Check the path, or list the folder for the ones there.")
-    size = path.stat().st_size
-    if size == 0:
-        raise CheckpointError(f"The checkpoint file {path} is empty (0 bytes). {_CORRUPT_HINT}")
-    if not zipfile.is_zipfile(path) and not _is_legacy_torch_save(path):
-        with open(path, "rb") as handle:
-            start = handle.read(8)
-        # What was found, not a guess at how: a cut-short save and a file that never was one look alike.
-        raise CheckpointError(
-            f"The checkpoint file {path} is truncated or corrupted: it holds {size:,} bytes starting with "
-            f"{start!r}, without the table of contents that ends a torch.save file. {_CORRUPT_HINT}"
-        )
-
-
-def _is_legacy_torch_save(path: Path) -> bool:
-    # torch.save's pre-zip format (DeepSpeed writes it with checkpoint_serialization=False) has no
-    # table of contents to check; torch.load reads it or fails, and load_file words that failure.
-    with open(path, "rb") as handle:
-        return handle.read(len(_LEGACY_TORCH_SAVE_START)) == _LEGACY_TORCH_SAVE_START
-
-
-_CORRUPT_HINT = "Resume from an earlier checkpoint, or copy this one again from where it came from."
 
 
 def _previous_path(target: Path) -> Path:

@@ -1,6 +1,6 @@
 """Narrowing down the NaN loss of GeminiPlugin placement "auto" with bf16 (the strategy refuses it).
 
-    python auto_bf16_nan.py --size 1.3b --steps 8
+    python -m tools.investigations.colossalai_auto_bf16_nan --size 1.3b --steps 8   # from the repository root
 
 Drives GeminiPlugin by hand (no Lightning) with bf16 on one GPU, in one fresh process per variant:
   auto                    the failing combination as seen (async gradient reduction on)
@@ -20,11 +20,9 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parents[3]))  # the repository root, for the shared benchmark GPT
 from tools.benchmark.model import GPT
 from tools.benchmark.sizes import SIZES
 
@@ -94,7 +92,8 @@ def main() -> None:
         result = subprocess.run(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                __spec__.name,  # run as a module, so tools.benchmark imports from the repository root
                 "--variant",
                 variant,
                 "--size",

@@ -1,0 +1,68 @@
+"""Checkpoints for strategy authors, one concern per module, every name here part of the supported API.
+
+- ``staging``: saves that survive a crash mid-save (``staged_save`` publishes with one atomic rename).
+- ``loading``: ``load_file`` and ``check_file``, whose errors name the problem and the fix.
+- ``formats``: what a checkpoint on disk is (``identify``), and the error for another strategy's.
+- ``checkpoint_io``: the same for checkpoints written through Lightning's CheckpointIO plugins.
+
+Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
+"""
+
+from lightning_strategies.checkpoints.checkpoint_io import (
+    check_checkpoint_file,
+    check_trainer_checkpoint,
+    reads_torch_save_files,
+    remove_checkpoint_path,
+    staged_checkpoint_io_save,
+    weights_only_keyword,
+    writes_in_background,
+)
+from lightning_strategies.checkpoints.formats import (
+    COLOSSALAI,
+    DCP,
+    DEEPSPEED,
+    FILE,
+    XLA_FSDP,
+    CheckpointFormat,
+    foreign_checkpoint_error,
+    identify,
+)
+from lightning_strategies.checkpoints.loading import check_file, load_file
+from lightning_strategies.checkpoints.staging import (
+    STAGING_FOLDER,
+    is_local,
+    publish,
+    recover,
+    recover_before_load,
+    remove,
+    staged_save,
+    staging_path,
+)
+
+__all__ = [
+    "COLOSSALAI",
+    "DCP",
+    "DEEPSPEED",
+    "FILE",
+    "STAGING_FOLDER",
+    "XLA_FSDP",
+    "CheckpointFormat",
+    "check_checkpoint_file",
+    "check_file",
+    "check_trainer_checkpoint",
+    "foreign_checkpoint_error",
+    "identify",
+    "is_local",
+    "load_file",
+    "publish",
+    "reads_torch_save_files",
+    "recover",
+    "recover_before_load",
+    "remove",
+    "remove_checkpoint_path",
+    "staged_checkpoint_io_save",
+    "staged_save",
+    "staging_path",
+    "weights_only_keyword",
+    "writes_in_background",
+]

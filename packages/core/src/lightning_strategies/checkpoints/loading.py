@@ -1,0 +1,71 @@
+"""Loading errors that say what happened: a missing, truncated or unreadable checkpoint file becomes a
+``CheckpointError`` naming the problem and the fix, before a backend's loader fails somewhere deep inside."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_strategies.errors import CheckpointError
+
+# The legacy torch.save format begins with a protocol-2 pickle of torch's magic number.
+_LEGACY_TORCH_SAVE_START = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+_TRUST = (
+    "Pass weights_only=False to trainer.fit/validate/test/predict (or fabric.load) if you trust the file, "
+    "or allow the classes with torch.serialization.add_safe_globals."
+)
+
+
+def load_file(
+    path: str | os.PathLike[str], weights_only: bool | None = None, trust: str = _TRUST, **options: Any
+) -> Any:
+    """``torch.load`` with errors that name the file, what is wrong with it and what to do.
+
+    ``trust`` says how the caller's user reads a trusted file with pickled objects (a command-line
+    tool has its own flag for it).
+    """
+    path = Path(path)
+    check_file(path)
+    if _is_legacy_torch_save(path):
+        options.pop("mmap", None)  # torch maps only the zip format
+    try:
+        return torch.load(path, weights_only=weights_only, **options)
+    except Exception as error:
+        if weights_only is not False and "weights_only" in str(error):
+            raise CheckpointError(
+                f"{path} holds objects that loading with weights_only=True refuses (it runs no pickled code): "
+                f"{str(error).splitlines()[0]} {trust}"
+            ) from error
+        raise CheckpointError(f"{path} could not be read ({error}). {_CORRUPT_HINT}") from error
+
+
+def check_file(path: Path) -> None:
+    """Refuse a missing, empty or truncated ``torch.save`` file before reading it."""
+    if not path.exists():
+        raise CheckpointError(f"No checkpoint file at {path}. Check the path, or list the folder for the ones there.")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"The checkpoint file {path} is empty (0 bytes). {_CORRUPT_HINT}")
+    if not zipfile.is_zipfile(path) and not _is_legacy_torch_save(path):
+        with open(path, "rb") as handle:
+            start = handle.read(8)
+        # What was found, not a guess at how: a cut-short save and a file that never was one look alike.
+        raise CheckpointError(
+            f"The checkpoint file {path} is truncated or corrupted: it holds {size:,} bytes starting with "
+            f"{start!r}, without the table of contents that ends a torch.save file. {_CORRUPT_HINT}"
+        )
+
+
+def _is_legacy_torch_save(path: Path) -> bool:
+    # torch.save's pre-zip format (DeepSpeed writes it with checkpoint_serialization=False) has no
+    # table of contents to check; torch.load reads it or fails, and load_file words that failure.
+    with open(path, "rb") as handle:
+        return handle.read(len(_LEGACY_TORCH_SAVE_START)) == _LEGACY_TORCH_SAVE_START
+
+
+_CORRUPT_HINT = "Resume from an earlier checkpoint, or copy this one again from where it came from."
