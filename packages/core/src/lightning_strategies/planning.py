@@ -17,6 +17,24 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+# What a strategy package's memory model may use (the rest is core's own arithmetic and ranking).
+__all__ = [
+    "GIB",
+    "Candidate",
+    "Machine",
+    "ModelShape",
+    "Plan",
+    "StateBytes",
+    "Workload",
+    "activation_bytes",
+    "candidate",
+    "fits_machine",
+    "host_base_bytes",
+    "parse_count",
+    "plan",
+    "smallest_fitting_fraction",
+]
+
 GIB = 2**30
 
 # Memory a process uses that no model predicts. All three are estimates, to be fitted against the GPU
