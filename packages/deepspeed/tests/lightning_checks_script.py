@@ -84,7 +84,7 @@ def fabric_setup_optimizers_alone() -> None:
 
 CHECKS: dict[str, Callable[[], Any]] = {
     "summary_zero_3": summary_of_zero_3,
-    "stochastic_weight_averaging": lambda: fit(StochasticWeightAveraging(swa_lrs=0.1)),
+    "stochastic_weight_averaging": lambda: fit(StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=1)),
     "finetuning": lambda: fit(NoFreezing()),
     "accumulation_scheduler": lambda: fit(GradientAccumulationScheduler(scheduling={1: 2})),
     "fabric_backward_two_models": fabric_backward_with_two_models,
