@@ -110,3 +110,16 @@ def test_servable_module_validator_refuses_deepspeed() -> None:
     validator = ServableModuleValidator.__new__(ServableModuleValidator)  # its constructor only asks for fastapi
     with pytest.raises(Exception, match="DeepSpeedStrategy used by the trainer isn't supported"):
         validator.on_train_start(_trainer(), BoringModel())
+
+
+def test_fabric_connector_precision_branch_gives_our_plugin() -> None:
+    """fabric/connector.py: Lightning's DeepSpeed branch builds its plugin before the CPU fallback; ours replaces
+    it, falling back as the generic path would."""
+    from lightning.fabric import Fabric
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricPrecision, DeepSpeedFabricStrategy
+
+    with pytest.warns(UserWarning, match="not supported on CPU"):
+        fabric = Fabric(strategy=DeepSpeedFabricStrategy(), accelerator="cpu", devices=1, precision="16-mixed")
+    assert type(fabric.strategy.precision) is DeepSpeedFabricPrecision
+    assert fabric.strategy.precision.precision == "bf16-mixed"
