@@ -90,3 +90,14 @@ def test_colossalai_out_of_range_names_the_install_line(monkeypatch):
 
 def test_colossalai_loads_on_current_torch():
     assert backend.load_colossalai().__version__.startswith("0.5.")
+
+
+def test_stochastic_weight_averaging_is_refused_as_for_lightnings_sharded_strategies():
+    """Lightning's SWA callback refuses its DeepSpeed and FSDP strategies by class; Gemini refuses it itself."""
+    from lightning.pytorch.callbacks import StochasticWeightAveraging
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    trainer = types.SimpleNamespace(callbacks=[StochasticWeightAveraging(swa_lrs=0.1)])
+    with pytest.raises(MisconfigurationException, match=r"holds in shards .* Remove the callback"):
+        ColossalAIStrategy.refuse_weight_averaging(trainer)
+    ColossalAIStrategy.refuse_weight_averaging(types.SimpleNamespace(callbacks=[]))

@@ -16,8 +16,10 @@ import torch.distributed
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_strategies import CapabilityError, CheckpointError
@@ -333,8 +335,20 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             arguments.update(placement_policy="static", offload_optim_frac=0.0, offload_param_frac=0.0)
         return arguments
 
+    @staticmethod
+    def refuse_weight_averaging(trainer: Any) -> None:
+        """Lightning's StochasticWeightAveraging refuses its sharded strategies (DeepSpeed, FSDP) by class; Gemini
+        shards as they do, and Lightning has no class of it to check, so the strategy refuses for itself."""
+        if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
+            raise MisconfigurationException(
+                "StochasticWeightAveraging keeps a full copy of the model, which ColossalAI's Gemini holds in shards "
+                "(chunks spread over ranks and devices); Lightning refuses it for its sharded strategies as well. "
+                "Remove the callback, or train with Trainer(strategy='ddp') to average weights."
+            )
+
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None
+        self.refuse_weight_averaging(trainer)
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:

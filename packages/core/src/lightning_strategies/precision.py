@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "OwnPrecisionMixin",
+    "fp16_mixed_on_cpu_as_bf16",
     "is_stock_precision",
 ]
 
@@ -57,3 +58,22 @@ class OwnPrecisionMixin:
         if plugin is not None and is_stock_precision(plugin):
             plugin = self.own_precision_plugin(str(getattr(plugin, "precision", "32-true"))) or plugin
         self._precision_plugin = plugin
+
+
+def fp16_mixed_on_cpu_as_bf16(precision: str, on_cpu: bool) -> str:
+    """The precision a strategy seen as Lightning's DeepSpeed or FSDP strategy should use for a flag.
+
+    Lightning's connector turns ``"16-mixed"`` on CPU into ``"bf16-mixed"`` (fp16 autocast is not
+    supported there), but only after its DeepSpeed and FSDP branches, which return first. Our
+    strategies are seen as those (docs/lightning-compatibility.md), so they apply the fallback
+    themselves and train on CPU as they did under the connector's generic path.
+    """
+    if precision == "16-mixed" and on_cpu:
+        from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
+        rank_zero_warn(
+            "precision='16-mixed' asks for fp16 autocast, which is not supported on CPU: using 'bf16-mixed'. "
+            "Pass precision='bf16-mixed' to silence this, or train on CUDA for fp16.",
+        )
+        return "bf16-mixed"
+    return precision

@@ -2,7 +2,8 @@
 
 With Fabric the user writes the loop: ``fabric.backward(loss)`` and ``optimizer.step()`` on every
 micro-batch go to the engine, and DeepSpeed accumulates over the config's
-``gradient_accumulation_steps`` itself.
+``gradient_accumulation_steps`` itself. Registered as a virtual subclass of Lightning's Fabric
+DeepSpeedStrategy (end of this module), so Fabric's DeepSpeed branches apply to it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.accelerators import CPUAccelerator
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.strategies.ddp import DDPStrategy
+from lightning.fabric.strategies.deepspeed import DeepSpeedStrategy as LightningFabricDeepSpeedStrategy
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
@@ -27,6 +30,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies import check_choice
 from lightning_strategies.checkpoints import recover, staged_save, weights_only_keyword
+from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
@@ -149,7 +153,10 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         if self._own_precision_given and self._precision is not None:
             return
         if precision is not None and not isinstance(precision, DeepSpeedFabricPrecision):
-            precision = DeepSpeedFabricPrecision(getattr(precision, "precision", "32-true"))
+            flag = getattr(precision, "precision", "32-true")
+            precision = DeepSpeedFabricPrecision(
+                fp16_mixed_on_cpu_as_bf16(flag, isinstance(self.accelerator, CPUAccelerator))
+            )
         self._precision = precision
 
     @property
@@ -160,6 +167,15 @@ class DeepSpeedFabricStrategy(DDPStrategy):
     def model(self) -> Any:
         """The engine: Fabric's optimizer wrapper steps through it."""
         return self._engine
+
+    @property
+    def _deepspeed_engine(self) -> Any:
+        """The name Fabric's backward uses: it points this at the engine of ``fabric.backward(loss, model=...)``."""
+        return self._engine
+
+    @_deepspeed_engine.setter
+    def _deepspeed_engine(self, engine: Any) -> None:
+        self._engine = engine
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
@@ -309,6 +325,12 @@ class DeepSpeedFabricStrategy(DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         """The names are registered by the lightning-strategies plugin (plugin.py)."""
+
+
+# Fabric checks for its DeepSpeed strategy by class in backward (which engine a loss belongs to), in
+# setup_optimizers (refused: the engine needs model and optimizer together) and in its connector (the
+# precision plugin). ABC registration makes isinstance() true without inheriting its constructor.
+LightningFabricDeepSpeedStrategy.register(DeepSpeedFabricStrategy)
 
 
 def _is_deepspeed_optimizer(value: Any) -> bool:

@@ -2,7 +2,9 @@
 
 Built on DDPStrategy rather than Lightning's DeepSpeedStrategy: that class imports deepspeed in
 its constructor, before the Trainer has chosen the device, so DeepSpeed would pick CUDA on a GPU
-host even for ``accelerator="cpu"``; it also refuses CPU outright.
+host even for ``accelerator="cpu"``; it also refuses CPU outright. It is registered as a virtual
+subclass of Lightning's class instead (end of this module), so every ``isinstance`` check Lightning
+makes for its DeepSpeed strategy treats this one the same (docs/lightning-compatibility.md).
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ import torch
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.ddp import DDPStrategy
+from lightning.pytorch.strategies.deepspeed import DeepSpeedStrategy as LightningDeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_strategies import CheckpointError, MissingBackendError
 from lightning_strategies.checkpoints import recover, remove, staged_save
-from lightning_strategies.precision import OwnPrecisionMixin
+from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
@@ -120,7 +123,7 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     # -- precision ---------------------------------------------------------------------------
 
     def own_precision_plugin(self, precision: str) -> DeepSpeedPrecision:
-        return DeepSpeedPrecision(precision)
+        return DeepSpeedPrecision(fp16_mixed_on_cpu_as_bf16(precision, isinstance(self.accelerator, CPUAccelerator)))
 
     @property
     def zero_stage_3(self) -> bool:
@@ -206,11 +209,6 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             return
         config = self.config
         settings.add_precision(config, self.precision_plugin.precision, self.parameters)
-        if any(isinstance(callback, GradientAccumulationScheduler) for callback in trainer.callbacks):
-            raise ValueError(
-                "GradientAccumulationScheduler changes accumulation during training, but DeepSpeed fixes it when the "
-                "engine is built. Use Trainer(accumulate_grad_batches=N) instead."
-            )
         accumulation = settings.resolve_accumulation(config, trainer.accumulate_grad_batches)
         if accumulation != trainer.accumulate_grad_batches:
             rank_zero_info(f"Accumulating gradients over {accumulation} batches, as the DeepSpeed config says.")
@@ -422,6 +420,12 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
         """The names are registered by the lightning-strategies plugin (plugin.py)."""
+
+
+# Lightning's callbacks, loops and connector check for its DeepSpeed strategy by class: the model summary of
+# ZeRO-3, the refusals of StochasticWeightAveraging, BaseFinetuning, GradientAccumulationScheduler and compiled
+# models, the precision plugin. ABC registration makes isinstance() true without inheriting its constructor.
+LightningDeepSpeedStrategy.register(DeepSpeedStrategy)
 
 
 def _algorithm_name(algorithm: Any) -> str | None:

@@ -3,7 +3,9 @@
 Lightning 2.6's own FSDPStrategy drives FSDP1 and refuses CPU. This strategy accepts the same
 constructor arguments (see ``options``), shards the LightningModule in ``setup`` after
 ``configure_model``, and checkpoints through DCP so a checkpoint loads onto any number of
-processes.
+processes. It is registered as a virtual subclass of Lightning's FSDPStrategy (end of this module), so
+every ``isinstance`` check Lightning makes for its FSDP strategy treats this one the same
+(docs/lightning-compatibility.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from lightning.fabric.utilities.distributed import group as distributed_group
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
+from lightning.pytorch.strategies.fsdp import FSDPStrategy as LightningFSDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -34,7 +38,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies import check_choice
 from lightning_strategies.checkpoints import reads_torch_save_files, recover_before_load, remove
-from lightning_strategies.precision import OwnPrecisionMixin
+from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
@@ -123,9 +127,20 @@ class FSDP2Strategy(
         return str(self.precision_plugin.precision)
 
     def own_precision_plugin(self, precision: str) -> Any:
-        if precision != "bf16-mixed":
-            return None  # Lightning's plugin for the flag
-        return FSDP2BF16MixedPrecision("cpu" if isinstance(self.accelerator, CPUAccelerator) else "cuda")
+        """The plugin for a flag. Lightning's connector hands this strategy, as one of its FSDP strategies, an FSDP1
+        ``FSDPPrecision`` (whose gradient clipping by norm refuses to run); the plugins its generic path builds
+        serve FSDP2."""
+        device = "cpu" if isinstance(self.accelerator, CPUAccelerator) else "cuda"
+        precision = fp16_mixed_on_cpu_as_bf16(precision, device == "cpu")
+        if precision == "bf16-mixed":
+            return FSDP2BF16MixedPrecision(device)
+        if precision == "16-mixed":
+            return MixedPrecision("16-mixed", device)
+        if precision in ("16-true", "bf16-true"):
+            return HalfPrecision(precision)  # type: ignore[arg-type]
+        if precision == "32-true":
+            return Precision()
+        return None  # a flag FSDP2 has no plugin of its own for: Lightning's
 
     @property
     def is_distributed(self) -> bool:
@@ -179,7 +194,6 @@ class FSDP2Strategy(
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING and not self._offloaded:
             _optimizers_to_device(self.optimizers, self.root_device)
-        _evaluate_without_inference_mode(trainer)
 
     @property
     def _offloaded(self) -> bool:
@@ -319,12 +333,8 @@ def _register_step_method(module: torch.nn.Module, method: str) -> None:
         wrapper.__signature__ = inspect.signature(original)
 
 
-def _evaluate_without_inference_mode(trainer: pl.Trainer) -> None:
-    """Run validation, test and predict under no_grad instead of inference_mode.
-
-    FSDP2's unshard records tensor versions, which inference tensors do not have ("Inference tensors
-    do not track version counter" on CUDA). Lightning exempts only its own FSDPStrategy (and gloo,
-    which is why CPU runs never show it), so the loops are told here.
-    """
-    for loop in (trainer.fit_loop.epoch_loop.val_loop, trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
-        loop.inference_mode = False
+# Lightning's loops, callbacks and connector check for its FSDP strategy by class: validation, test and predict
+# under no_grad (FSDP's unshard records tensor versions, which inference tensors lack), the refusals of
+# StochasticWeightAveraging and ServableModuleValidator, torch.compile's support, the precision plugin. ABC
+# registration makes isinstance() true without inheriting FSDP1's constructor and methods.
+LightningFSDPStrategy.register(FSDP2Strategy)
