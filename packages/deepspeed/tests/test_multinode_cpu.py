@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from lightning_strategies.conformance.multinode import (
-    JOB_ID,
     resume_problems,
-    slurm_requeue_and_resume,
+    slurm_requeue_problems,
     staging_leftovers,
+    two_node_problems,
     two_nodes_save_and_resume,
 )
 
@@ -30,24 +30,11 @@ SHARD_FILES = (
 
 
 def test_two_torchrun_nodes_train_save_and_resume(tmp_path: Path) -> None:
-    saving, resuming, checkpoint = two_nodes_save_and_resume(STRATEGY, tmp_path)
-    ranks = [(rank["cluster_environment"], rank["node_rank"], rank["local_rank"]) for rank in saving.rank_reports()]
-    assert ranks == [("TorchElasticEnvironment", 0, 0), ("TorchElasticEnvironment", 1, 0)]
-    assert [rank["world_size"] for rank in saving.rank_reports()] == [2, 2]
-    assert all((checkpoint / name).is_file() for name in SHARD_FILES)  # both nodes wrote into the one folder
-    assert staging_leftovers(checkpoint.parent) == []
-    assert resume_problems(saving, resuming, saved_step=3) == []
+    assert two_node_problems(STRATEGY, tmp_path, SHARD_FILES) == []  # both nodes wrote into the one folder
 
 
 def test_slurm_requeue_signal_saves_hpc_checkpoint_that_resumes(tmp_path: Path) -> None:
-    outcome = slurm_requeue_and_resume(STRATEGY, tmp_path, requeue_at_step=3)
-    assert [report["cluster_environment"] for report in outcome.signalled.rank_reports()] == ["SLURMEnvironment"] * 2
-    assert [report["requeued_at_step"] for report in outcome.signalled.rank_reports()] == [3, 3]
-    assert outcome.scontrol_calls == [f"requeue {JOB_ID}"]  # rank 0 alone, through the stand-in
-    assert [path.name for path in outcome.hpc_checkpoints] == ["hpc_ckpt_1.ckpt"]
-    assert all((outcome.hpc_checkpoints[0] / name).is_file() for name in SHARD_FILES)
-    assert staging_leftovers(outcome.root) == []
-    assert resume_problems(outcome.signalled, outcome.resumed, saved_step=3) == []
+    assert slurm_requeue_problems(STRATEGY, tmp_path, SHARD_FILES) == []
 
 
 def test_ranks_of_a_slurm_task_are_exported_where_deepspeed_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:

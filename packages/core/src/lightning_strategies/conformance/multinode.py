@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
+from lightning_strategies.testing import free_port
 
 PROGRAM = "lightning_strategies.conformance.multinode_training"
 JOB_ID = "4242"
@@ -51,12 +51,6 @@ class NodeRun:
         import torch
 
         return torch.load(self.report / f"weights.{moment}.pt", weights_only=True)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def training_arguments(
@@ -242,6 +236,44 @@ def resume_problems(saving: NodeRun, resuming: NodeRun, saved_step: int, nodes: 
         if difference > 1e-6:
             problems.append(f"{name}: resumed weights differ from the saved ones by up to {difference:.3g}")
     return problems
+
+
+def two_node_problems(strategy: str, workdir: Path, checkpoint_files: Sequence[str]) -> list[str]:
+    """Two torchrun nodes train, save and resume ``strategy`` on CPU: what went wrong, nothing when all is right.
+
+    ``checkpoint_files`` are paths inside the checkpoint folder that each node's share must appear as.
+    """
+    saving, resuming, checkpoint = two_nodes_save_and_resume(strategy, workdir)
+    problems = []
+    ranks = [(rank["cluster_environment"], rank["node_rank"], rank["local_rank"]) for rank in saving.rank_reports()]
+    if ranks != [("TorchElasticEnvironment", 0, 0), ("TorchElasticEnvironment", 1, 0)]:
+        problems.append(f"ranks seen (environment, node rank, local rank): {ranks}, not one per torchrun node")
+    if [rank["world_size"] for rank in saving.rank_reports()] != [2, 2]:
+        problems.append("the world size was not 2 on both nodes")
+    problems += [f"{name} missing from the checkpoint" for name in checkpoint_files if not (checkpoint / name).exists()]
+    problems += [f"left in staging: {path}" for path in staging_leftovers(checkpoint.parent)]
+    return problems + resume_problems(saving, resuming, saved_step=3)
+
+
+def slurm_requeue_problems(strategy: str, workdir: Path, checkpoint_files: Sequence[str]) -> list[str]:
+    """Two SLURM tasks get the requeue signal at step 3, save ``hpc_ckpt_1.ckpt`` and are requeued (through the
+    stand-in scontrol); the requeued job resumes it. What went wrong, nothing when all is right."""
+    outcome = slurm_requeue_and_resume(strategy, workdir, requeue_at_step=3)
+    reports = outcome.signalled.rank_reports()
+    problems = []
+    if [report["cluster_environment"] for report in reports] != ["SLURMEnvironment"] * 2:
+        problems.append(f"environments seen: {[report['cluster_environment'] for report in reports]}, not SLURM's")
+    if [report["requeued_at_step"] for report in reports] != [3, 3]:
+        problems.append(f"signalled at steps {[report['requeued_at_step'] for report in reports]}, not 3 on both")
+    if outcome.scontrol_calls != [f"requeue {JOB_ID}"]:
+        problems.append(f"scontrol calls: {outcome.scontrol_calls}, not one 'requeue {JOB_ID}' from rank 0")
+    names = [path.name for path in outcome.hpc_checkpoints]
+    if names != ["hpc_ckpt_1.ckpt"]:
+        return [*problems, f"hpc checkpoints: {names}, not one hpc_ckpt_1.ckpt"]
+    folder = outcome.hpc_checkpoints[0]
+    problems += [f"{name} missing from {folder.name}" for name in checkpoint_files if not (folder / name).exists()]
+    problems += [f"left in staging: {path}" for path in staging_leftovers(outcome.root)]
+    return problems + resume_problems(outcome.signalled, outcome.resumed, saved_step=3)
 
 
 def _run_together(
