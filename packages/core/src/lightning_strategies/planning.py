@@ -271,11 +271,14 @@ class Machine:
         if gpus is None or gpu_memory_bytes is None:
             found_gpus, found_memory = _cuda_devices()
             if gpus is None:
-                gpus, _ = found_gpus, detected.append("gpus")
+                gpus = found_gpus
+                detected.append("gpus")
             if gpu_memory_bytes is None:
-                gpu_memory_bytes, _ = found_memory, detected.append("gpu_memory")
+                gpu_memory_bytes = found_memory
+                detected.append("gpu_memory")
         if host_memory_bytes is None:
-            host_memory_bytes, _ = host_memory(), detected.append("host_memory")
+            host_memory_bytes = host_memory()
+            detected.append("host_memory")
         return cls(gpus, gpu_memory_bytes, host_memory_bytes, nvme_bytes, tuple(detected))
 
 
@@ -572,7 +575,7 @@ def collect_candidates(registry: Any, workload: Workload, machine: Machine, prob
     manager = registry.plugin_manager
     if manager is None:
         return []
-    collected = []
+    collected: list[Candidate] = []
     for implementation in manager.hook.memory_plan_candidates.get_hookimpls():
         available = {"workload": workload, "machine": machine}
         try:

@@ -8,6 +8,8 @@ host memory, leaving only gathered blocks and activations on the GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 from lightning_strategies.planning import Candidate, Machine, Workload, activation_bytes, candidate, host_base_bytes
 
 # Blocks gathered at a time: the one running and the one prefetched.
@@ -45,7 +47,7 @@ def predict(workload: Workload, gpus: int, name: str) -> tuple[float, float, flo
 
 
 # name -> (constructor settings, preference among equal offload)
-NAMES = {
+NAMES: dict[str, tuple[dict[str, Any], int]] = {
     "fsdp": ({}, 0),
     "fsdp_shard_grad_op": ({}, 1),
     "fsdp_no_shard": ({}, 2),
