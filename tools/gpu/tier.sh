@@ -3,7 +3,8 @@
 # wheelhouse: `bash tools/gpu/tier.sh [PACKAGE...]` (default: all three).
 #
 # PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S
-# (240), so one hang cannot eat the whole call. A test gets TIER_TEST_TIMEOUT_S (180; pytest-timeout
+# (240), so one hang cannot eat the whole call. A pytest -k expression after a colon runs part of a
+# package's tier, `deepspeed=200:resume or nodes`, to re-check a fix without paying for the rest. A test gets TIER_TEST_TIMEOUT_S (180; pytest-timeout
 # is in the GPU image) and fails with its traceback instead of silencing the tests after it. Logs
 # and a summary go to $OUT as they are written, so a killed call still returns them.
 #
@@ -32,12 +33,14 @@ packages=("$@")
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/summary.txt"
 status=0
 for item in "${packages[@]}"; do
+  select=""
+  if [[ $item == *:* ]]; then select=${item#*:}; item=${item%%:*}; fi
   package=${item%%=*}
   limit=${item#*=}
   [ "$limit" != "$item" ] || limit=${TIER_LIMIT_S:-240}
   start=$(date +%s)
   timeout "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
-    --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider 2>&1 | tee "$out/$package.log"
+    --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider ${select:+-k "$select"} 2>&1 | tee "$out/$package.log"
   code=${PIPESTATUS[0]}
   [ "$code" -eq 0 ] || status=1
   counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$out/$package.log" | tail -1)
