@@ -39,7 +39,8 @@ for item in "${packages[@]}"; do
   limit=${item#*=}
   [ "$limit" != "$item" ] || limit=${TIER_LIMIT_S:-240}
   start=$(date +%s)
-  timeout "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
+  # SIGINT, not TERM: pytest then prints the failures it has seen, which a cut call would lose.
+  timeout -s INT -k 30 "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
     --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider ${select:+-k "$select"} 2>&1 | tee "$out/$package.log"
   code=${PIPESTATUS[0]}
   [ "$code" -eq 0 ] || status=1

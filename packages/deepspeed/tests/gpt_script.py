@@ -1,13 +1,21 @@
-"""A small GPT trained with a DeepSpeed strategy name on GPUs (used by test_gpu.py)."""
+"""A small GPT trained with DeepSpeed strategy names on GPUs (used by test_gpu.py).
+
+One launch runs a list of runs one after the other in the same processes, as users do in
+notebooks and sweeps: each run is a new Trainer, and a run that resumes saves, then fits, tests and
+resumes with yet another Trainer. One launch per group also keeps the GPU tier short, since every
+launch pays for importing DeepSpeed and setting up NCCL again.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import traceback
+from pathlib import Path
 
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -52,6 +60,10 @@ class TinyGPT(LightningModule):
         self.losses.append(loss.item())
         return loss
 
+    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        logits = self(batch[:, :-1])
+        self.log("test_loss", torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()))
+
     def configure_optimizers(self):
         if self.config_optimizer:
             return None  # the DeepSpeed config's optimizer is used
@@ -62,50 +74,96 @@ class TinyGPT(LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
+def build_strategy(run: dict, nvme_path: str):
+    """The strategy name, or its class built with the options a run needs beyond the name."""
+    name = run["strategy"]
+    if not (name.endswith("nvme") or run.get("config_optimizer")):
+        return name
+    from lightning_strategies import get_registry
+
+    entry = get_registry().entry(name)
+    options = dict(entry.init_params)
+    if name.endswith("nvme"):
+        options["nvme_path"] = nvme_path
+    if run.get("config_optimizer"):
+        optimizer = {"type": "AdamW", "params": {"lr": 1e-3}}
+        options = {"config": {"zero_optimization": {"stage": 2}, "optimizer": optimizer}}
+    return entry.load_class()(**options)
+
+
+class GradientNorms(Callback):
+    """The global gradient norm DeepSpeed computed (before clipping) at each step."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        norm = trainer.strategy.deepspeed_engine.get_global_grad_norm()
+        self.norms.append(float(norm) if norm is not None else math.nan)
+
+
+def fit(run: dict, nvme_path: str, steps: int, ckpt_path: str | None = None) -> tuple[Trainer, TinyGPT, GradientNorms]:
+    seed_everything(0)
+    model = TinyGPT(config_optimizer=run.get("config_optimizer", False))
+    norms = GradientNorms()
+    trainer = Trainer(
+        accelerator=run.get("accelerator", "cuda"), devices=run["devices"], strategy=build_strategy(run, nvme_path),
+        precision=run.get("precision", "bf16-mixed"), max_steps=steps, gradient_clip_val=run.get("clip"),
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[norms],
+    )  # fmt: skip
+    trainer.fit(model, DataLoader(Tokens(256, 64, 1024), batch_size=8, shuffle=True), ckpt_path=ckpt_path)
+    return trainer, model, norms
+
+
+def perform(run: dict, folder: Path) -> dict:
+    """One run: fit; where asked, save, then resume with a new Trainer to twice the steps and test."""
+    from deepspeed.accelerator import get_accelerator
+
+    steps = run.get("steps", 10)
+    trainer, model, norms = fit(run, str(folder), steps)
+    first, last = sum(model.losses[:3]) / 3, sum(model.losses[-3:]) / 3
+    result = {"first_loss": first, "last_loss": last, "finite": all(map(math.isfinite, model.losses)),
+              "deepspeed_accelerator": get_accelerator().device_name(), "grad_norms": norms.norms,
+              "config": json.loads(json.dumps(trainer.strategy.config, default=str))}  # fmt: skip
+    if run.get("resume"):
+        checkpoint = folder / "run.ckpt"
+        trainer.save_checkpoint(checkpoint)
+        result["saved_tag_file"] = (checkpoint / "latest").is_file()
+        resumed, resumed_model, _ = fit(run, str(folder), 2 * steps, ckpt_path=str(checkpoint))
+        result["resumed_global_step"], result["resumed_steps_run"] = resumed.global_step, len(resumed_model.losses)
+        result["resumed_last_loss"] = sum(resumed_model.losses[-3:]) / 3
+        result["test_loss"] = float(resumed.test(resumed_model, DataLoader(Tokens(256, 64, 64), batch_size=8),
+                                                 verbose=False)[0]["test_loss"])  # fmt: skip
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--strategy", required=True)
-    parser.add_argument("--devices", type=int, default=1)
-    parser.add_argument("--precision", default="bf16-mixed")
-    parser.add_argument("--nvme-path", default="/tmp")
-    parser.add_argument("--config-optimizer", action="store_true", help="FusedAdam from the DeepSpeed config")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--save", default=None, help="checkpoint to write after training")
-    parser.add_argument("--resume", default=None, help="checkpoint to resume from (Lightning's default weights_only)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, precision, steps, accelerator, "
+                        "clip, resume, config_optimizer")  # fmt: skip
+    parser.add_argument("--folder", required=True, help="NVMe offload and checkpoints go below it")
+    parser.add_argument("--out", required=True, help="JSON results, one per run, written after each run")
     arguments = parser.parse_args()
-    seed_everything(0)
-    strategy = arguments.strategy
-    if strategy.endswith("nvme") or arguments.config_optimizer:
-        from lightning_strategies import get_registry
+    results: dict[str, dict] = {}
+    for run in json.loads(arguments.runs):
+        key = run_key(run)
+        folder = Path(arguments.folder) / key
+        try:
+            result = perform(run, folder)
+        except Exception as error:  # one failing run must not hide the others' results
+            result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-4000:]}
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            continue
+        results[key] = result
+        Path(arguments.out).write_text(json.dumps(results))
 
-        entry = get_registry().entry(strategy)
-        options = dict(entry.init_params)
-        if strategy.endswith("nvme"):
-            options["nvme_path"] = arguments.nvme_path
-        if arguments.config_optimizer:
-            options = {
-                "config": {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
-            }
-        strategy = entry.load_class()(**options)
-    model = TinyGPT(config_optimizer=arguments.config_optimizer)
-    trainer = Trainer(
-        accelerator="cuda", devices=arguments.devices, strategy=strategy, precision=arguments.precision,
-        max_steps=arguments.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-    )  # fmt: skip
-    trainer.fit(model, DataLoader(Tokens(256, 64, 1024), batch_size=8, shuffle=True), ckpt_path=arguments.resume)
-    if arguments.save:
-        trainer.save_checkpoint(arguments.save)
-    if trainer.is_global_zero:
-        from deepspeed.accelerator import get_accelerator
 
-        first, last = sum(model.losses[:5]) / 5, sum(model.losses[-5:]) / 5
-        assert math.isfinite(last)
-        result = {"first_loss": first, "last_loss": last, "deepspeed_accelerator": get_accelerator().device_name(),
-                  "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
-                  "global_step": trainer.global_step, "steps_run": len(model.losses)}  # fmt: skip
-        with open(arguments.out, "w") as file:
-            json.dump(result, file)
+def run_key(run: dict) -> str:
+    options = [run.get("precision", "bf16-mixed")]
+    options += [f"clip{run['clip']}"] if run.get("clip") else []
+    options += ["fused"] if run.get("config_optimizer") else []
+    return "-".join([run["strategy"], f"{run['devices']}gpu", *options])
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer = Trainer(
         strategy=arguments.strategy,
         accelerator=arguments.accelerator,
+        precision=training_precision(entry.precisions if entry else None),
         devices=arguments.devices,
         num_nodes=arguments.num_nodes,
         max_steps=arguments.max_steps,
@@ -147,6 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     recorder.facts["end_step"] = trainer.global_step
     (report / f"report.rank{trainer.global_rank}.json").write_text(json.dumps(recorder.facts))
     return 0
+
+
+def training_precision(supported: tuple[str, ...] | None) -> str:
+    """Full precision where the strategy has it, else bf16-mixed (no loss scale to carry across the
+    resume), else the first it declares. Gemini trains only in 16-mixed or bf16-mixed and refused
+    32-true on the two-GPU machine."""
+    if not supported:
+        return "32-true"
+    return next((flag for flag in ("32-true", "bf16-mixed") if flag in supported), supported[0])
 
 
 if __name__ == "__main__":
