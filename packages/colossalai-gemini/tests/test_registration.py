@@ -82,3 +82,22 @@ def test_doctor_reports_colossalai_which_core_cannot_see() -> None:
         assert not ok and "pip install --no-deps" in detail
     else:
         assert detail.startswith(f"{installed} (tested: ")
+
+
+def test_core_identifies_colossalai_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_colossalai import plugin
+    from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
+
+    folder = tmp_path / "colossalai.ckpt"
+    (folder / "model").mkdir(parents=True)
+    (folder / "meta.pt").write_bytes(b"x")
+    (folder / "model" / "pytorch_model.bin.index.json").write_text("{}")
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert identify(folder) is None
+    register_plugin(registry_module.get_registry(), plugin, "colossalai", "lightning-strategies-colossalai-gemini")
+    assert identify(folder) is COLOSSALAI
+    assert identify(folder / "model") is None

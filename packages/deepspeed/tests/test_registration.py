@@ -99,3 +99,26 @@ def test_doctor_reports_libaio_as_deepspeeds_need() -> None:
     assert what == "libaio (deepspeed NVMe offload)"
     assert ok is (ctypes.util.find_library("aio") is not None)
     assert ok or "apt-get install libaio-dev" in detail
+
+
+def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
+    import torch
+
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import FILE, identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_deepspeed import plugin
+    from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
+
+    folder = tmp_path / "deepspeed.ckpt"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "latest").write_text("checkpoint")
+    states = folder / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    torch.save({"module": {}}, states)
+    paths = (folder, folder / "checkpoint", states)
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert [identify(path) for path in paths] == [None, None, FILE]
+    register_plugin(registry_module.get_registry(), plugin, "deepspeed", "lightning-strategies-deepspeed")
+    assert all(identify(path) is DEEPSPEED for path in paths)
+    assert identify(tmp_path) is None

@@ -91,3 +91,21 @@ def test_lightnings_accelerator_reports_unavailable_without_torch_xla(monkeypatc
     fake_module = types.SimpleNamespace(XLAAccelerator=type("XLAAccelerator", (), {}))
     count_devices_locally(fake_module)
     assert fake_module.XLAAccelerator.is_available() is False
+
+
+def test_core_identifies_xla_fsdp_checkpoints_only_through_this_plugin(tmp_path, monkeypatch):
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_xla import plugin
+    from lightning_strategies_xla.checkpoint_layout import XLA_FSDP
+
+    folder = tmp_path / "xla.ckpt"
+    folder.mkdir()
+    (folder / "checkpoint_rank-00000000-of-00000002.pth").write_bytes(b"x")
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert identify(folder) is None
+    register_plugin(registry_module.get_registry(), plugin, "xla", "lightning-strategies-xla")
+    assert identify(folder) is XLA_FSDP
+    assert identify(tmp_path) is None

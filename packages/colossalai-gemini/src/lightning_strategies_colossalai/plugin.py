@@ -68,3 +68,10 @@ def memory_plan_candidates(workload, machine):
     from lightning_strategies_colossalai.memory import plan_candidates
 
     return plan_candidates(workload, machine)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
+
+    return [COLOSSALAI]

@@ -131,3 +131,10 @@ def memory_plan_candidates(workload, machine):
     from lightning_strategies_deepspeed.memory import candidates
 
     return candidates(workload, machine)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
+
+    return [DEEPSPEED]

@@ -49,3 +49,10 @@ def lightning_module_imported(module_name, module):
         from lightning_strategies_xla.lightning_device_count import count_devices_locally
 
         count_devices_locally(module)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_xla.checkpoint_layout import XLA_FSDP
+
+    return [XLA_FSDP]
