@@ -101,3 +101,14 @@ def test_core_identifies_colossalai_checkpoints_only_through_this_plugin(tmp_pat
     register_plugin(registry_module.get_registry(), plugin, "colossalai", "lightning-strategies-colossalai-gemini")
     assert identify(folder) is COLOSSALAI
     assert identify(folder / "model") is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {
+        entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-colossalai-gemini"
+    }
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-colossalai-gemini"]) == registered

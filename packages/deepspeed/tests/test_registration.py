@@ -122,3 +122,12 @@ def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path
     register_plugin(registry_module.get_registry(), plugin, "deepspeed", "lightning-strategies-deepspeed")
     assert all(identify(path) is DEEPSPEED for path in paths)
     assert identify(tmp_path) is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-deepspeed"}
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-deepspeed"]) == registered

@@ -197,3 +197,12 @@ def test_core_identifies_dcp_folders_only_through_this_plugin(tmp_path, monkeypa
     register_plugin(registry_module.get_registry(), plugin, "fsdp", "lightning-strategies-fsdp")
     assert identify(folder) is DCP
     assert identify(tmp_path) is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-fsdp"}
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-fsdp"]) == registered
