@@ -90,15 +90,24 @@ def test_info_gives_every_parameter_its_meaning(capsys: pytest.CaptureFixture[st
     assert all(line.startswith("        ") and line.strip() for line in lines[1::2])
 
 
-def test_doctor_reports_libaio_as_deepspeeds_need() -> None:
+def test_doctor_reports_libaio_and_the_kernel_build_tools_as_deepspeeds_needs() -> None:
     import ctypes.util
+    import shutil
 
     from lightning_strategies_deepspeed.plugin import environment_checks
 
-    [(what, ok, detail)] = environment_checks()
-    assert what == "libaio (deepspeed NVMe offload)"
+    checks = {what: (ok, detail) for what, ok, detail in environment_checks()}
+    assert set(checks) == {
+        "libaio (deepspeed NVMe offload)",
+        "C++ compiler (deepspeed JIT kernels)",
+        "ninja (deepspeed JIT kernels)",
+        "nvcc (deepspeed CUDA kernels)",
+    }
+    ok, detail = checks["libaio (deepspeed NVMe offload)"]
     assert ok is (ctypes.util.find_library("aio") is not None)
     assert ok or "apt-get install libaio-dev" in detail
+    ok, detail = checks["C++ compiler (deepspeed JIT kernels)"]
+    assert ok is ((shutil.which("c++") or shutil.which("g++")) is not None)
 
 
 def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
