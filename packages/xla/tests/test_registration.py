@@ -118,3 +118,15 @@ def test_cores_install_hints_list_exactly_the_names_this_package_registers():
 
     registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-xla"}
     assert registered and set(PROJECT_PACKAGES["lightning-strategies-xla"]) == registered
+
+
+@pytest.mark.parametrize("module_name", ["lightning.fabric.accelerators.xla", "lightning_fabric.accelerators.xla"])
+def test_lightnings_xla_accelerator_counts_locally_once_imported(module_name):
+    # The plugin finds these modules in core's table of watched modules; a fresh interpreter imports one.
+    import subprocess
+    import sys
+
+    code = f"import {module_name} as xla; print(getattr(xla.XLAAccelerator, '_counts_devices_locally', False))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "True"

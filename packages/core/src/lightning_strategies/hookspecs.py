@@ -67,8 +67,9 @@ def checkpoint_formats() -> list[CheckpointFormat]:  # type: ignore[empty-body]
 def lightning_module_imported(module_name: str, module: ModuleType) -> None:
     """Adjust a Lightning module right after Lightning imported it, before anyone uses it.
 
-    Called for the modules core watches (``_lightning_strategies_autoload.WATCHED_MODULES``):
-    the strategy registries, the connectors, and the XLA accelerator modules. For fixes that
+    Called for the modules core watches (``lightning_strategies.watched_modules()``, of one kind with
+    ``watched_modules("xla accelerator")``): the strategy registries, the connectors, and the XLA
+    accelerator modules. For fixes that
     cannot wait until a strategy is built, such as Lightning's XLA accelerator reaching for the
     network when it counts devices. Keep it cheap, and import the plugin's heavy parts inside.
 
