@@ -20,6 +20,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_strategies.checkpoints import STAGING_FOLDER, staging_path
 from lightning_strategies.errors import CheckpointError
+from lightning_strategies.testing import written_by_another_package
 from lightning_strategies_colossalai.sharded_checkpoint import SHARDED_MARKER, sharded_meta
 from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
@@ -160,40 +161,34 @@ def test_remote_full_checkpoint_goes_through_the_checkpoint_io_unstaged(lightnin
 # ------------------------------------------------------------------------------ other strategies
 
 
-def deepspeed_folder(path: Path) -> None:
-    """DeepSpeed's layout (written by hand: DeepSpeed is not installed with this package)."""
-    (path / "checkpoint").mkdir(parents=True)
-    (path / "latest").write_text("checkpoint")
-    torch.save({"module": {"weight": torch.zeros(2)}}, path / "checkpoint" / "mp_rank_00_model_states.pt")
-
-
-def fsdp2_folder(path: Path) -> None:
-    """What lightning-strategies-fsdp writes: a real torch.distributed.checkpoint folder plus meta.pt."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save({"state_dict": {"weight": torch.zeros(2)}}, checkpoint_id=path, no_dist=True)
-    torch.save({"epoch": 0}, path / "meta.pt")
-
-
-@pytest.mark.parametrize(
-    ("write", "message"),
-    [
-        (deepspeed_folder, r"is a DeepSpeed checkpoint \(a folder.*python -m lightning_strategies_deepspeed.convert"),
-        (fsdp2_folder, r"torch.distributed.checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
-        (Path.mkdir, r"not a ColossalAIStrategy sharded checkpoint.*state_dict_type='sharded'"),
-    ],
-)
-def test_another_strategys_folder_is_named_with_its_conversion(tmp_path, write, message):
+def test_another_packages_folder_is_named_with_its_conversion(tmp_path):
     path = tmp_path / "other.ckpt"
-    write(path)
-    with pytest.raises(CheckpointError, match=message):
+    path.mkdir()
+    (path / "shard-0").write_bytes(b"x")
+    with written_by_another_package(path), pytest.raises(CheckpointError, match=r"is another package's.*-convert"):
         strategy().load_checkpoint(path)
 
 
-def test_a_file_from_inside_a_deepspeed_folder_is_named(tmp_path):
-    deepspeed_folder(tmp_path / "deepspeed.ckpt")
-    with pytest.raises(CheckpointError, match=r"DeepSpeed checkpoint.*ColossalAIStrategy reads one checkpoint file"):
-        strategy().load_checkpoint(tmp_path / "deepspeed.ckpt" / "checkpoint" / "mp_rank_00_model_states.pt")
+def test_a_folder_of_no_known_layout_is_not_taken_for_a_sharded_checkpoint(tmp_path):
+    (tmp_path / "other.ckpt").mkdir()
+    with pytest.raises(
+        CheckpointError, match=r"not a ColossalAIStrategy sharded checkpoint.*state_dict_type='sharded'"
+    ):
+        strategy().load_checkpoint(tmp_path / "other.ckpt")
+
+
+def test_a_file_of_another_packages_layout_is_named(tmp_path):
+    # DeepSpeed's per-rank model-states files are torch.save files: the layout its package describes decides.
+    folder = tmp_path / "other.ckpt"
+    folder.mkdir()
+    torch.save({"module": {"weight": torch.zeros(2)}}, folder / "rank_0_states.pt")
+    with (
+        written_by_another_package(folder),
+        pytest.raises(
+            CheckpointError, match=r"another package's checkpoint.*ColossalAIStrategy reads one checkpoint file"
+        ),
+    ):
+        strategy().load_checkpoint(folder / "rank_0_states.pt")
 
 
 # ------------------------------------------------------------------------------ sharded folders

@@ -74,11 +74,47 @@ def test_doctor_reports_colossalai_which_core_cannot_see() -> None:
 
     from lightning_strategies_colossalai.plugin import environment_checks
 
-    [(what, ok, detail)] = environment_checks()
+    [(what, ok, detail), *kernels] = environment_checks()
     assert what == "lightning-strategies-colossalai-gemini: colossalai"
+    # HybridAdam's kernels are built on first use: the tools for it are this package's to report.
+    assert [row[0] for row in kernels] == [
+        "C++ compiler (colossalai JIT kernels)",
+        "ninja (colossalai JIT kernels)",
+        "nvcc (colossalai CUDA kernels)",
+    ]
     try:
         installed = metadata.version("colossalai")
     except metadata.PackageNotFoundError:
         assert not ok and "pip install --no-deps" in detail
     else:
         assert detail.startswith(f"{installed} (tested: ")
+
+
+def test_core_identifies_colossalai_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_colossalai import plugin
+    from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
+
+    folder = tmp_path / "colossalai.ckpt"
+    (folder / "model").mkdir(parents=True)
+    (folder / "meta.pt").write_bytes(b"x")
+    (folder / "model" / "pytorch_model.bin.index.json").write_text("{}")
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert identify(folder) is None
+    register_plugin(registry_module.get_registry(), plugin, "colossalai", "lightning-strategies-colossalai-gemini")
+    assert identify(folder) is COLOSSALAI
+    assert identify(folder / "model") is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {
+        entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-colossalai-gemini"
+    }
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-colossalai-gemini"]) == registered

@@ -12,20 +12,29 @@ PYTEST_DONT_REWRITE: it runs before pytest starts, so pytest must not try to rew
 import os
 import sys
 
-WATCHED_MODULES = frozenset(
-    {
-        "lightning.pytorch.strategies",
-        "pytorch_lightning.strategies",
-        "lightning.fabric.strategies",
-        "lightning_fabric.strategies",
-        "lightning.pytorch.trainer.connectors.accelerator_connector",
-        "pytorch_lightning.trainer.connectors.accelerator_connector",
-        "lightning.fabric.connector",
-        "lightning_fabric.connector",
-        "lightning.fabric.accelerators.xla",
-        "lightning_fabric.accelerators.xla",
-    }
-)
+# The one table of the Lightning modules core watches: module -> (the namespace it belongs to, what it holds,
+# the attribute holding it). activation.py acts on it by kind; plugins find modules by kind through
+# ``lightning_strategies.watched_modules``. Kept here because this hook must not import anything of ours.
+WATCHED_MODULES = {
+    "lightning.pytorch.strategies": ("lightning.pytorch", "strategy registry", "StrategyRegistry"),
+    "pytorch_lightning.strategies": ("pytorch_lightning", "strategy registry", "StrategyRegistry"),
+    "lightning.fabric.strategies": ("lightning.fabric", "strategy registry", "STRATEGY_REGISTRY"),
+    "lightning_fabric.strategies": ("lightning_fabric", "strategy registry", "STRATEGY_REGISTRY"),
+    "lightning.pytorch.trainer.connectors.accelerator_connector": (
+        "lightning.pytorch",
+        "connector",
+        "_AcceleratorConnector",
+    ),
+    "pytorch_lightning.trainer.connectors.accelerator_connector": (
+        "pytorch_lightning",
+        "connector",
+        "_AcceleratorConnector",
+    ),
+    "lightning.fabric.connector": ("lightning.fabric", "connector", "_Connector"),
+    "lightning_fabric.connector": ("lightning_fabric", "connector", "_Connector"),
+    "lightning.fabric.accelerators.xla": ("lightning.fabric", "xla accelerator", "XLAAccelerator"),
+    "lightning_fabric.accelerators.xla": ("lightning_fabric", "xla accelerator", "XLAAccelerator"),
+}
 
 
 class _ActivatingLoader:

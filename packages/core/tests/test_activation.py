@@ -191,3 +191,26 @@ def test_a_builtin_name_of_a_missing_package_names_that_package(
     with pytest.raises(StrategyLookupError, match=f"pip install {distribution}$") as error:
         _trainer(pl, name, accelerator=accelerator)
     assert "Lightning's own" in str(error.value)
+
+
+def test_one_table_names_the_watched_modules_and_what_each_holds():
+    import importlib
+
+    import _lightning_strategies_autoload
+
+    from lightning_strategies import watched_modules
+
+    table = _lightning_strategies_autoload.WATCHED_MODULES
+    assert set(watched_modules()) == set(table)
+    assert set(watched_modules("xla accelerator")) == {
+        "lightning.fabric.accelerators.xla",
+        "lightning_fabric.accelerators.xla",
+    }
+    kinds = {"strategy registry", "connector", "xla accelerator"}
+    assert {kind for _, kind, _ in table.values()} == kinds
+    assert sum(len(watched_modules(kind)) for kind in kinds) == len(table)
+    # Every row names a real Lightning module, in the namespace it says, holding the attribute it says.
+    for module_name, (namespace, _, attribute) in table.items():
+        assert module_name.startswith(namespace + "."), module_name
+        assert importlib.util.find_spec(module_name) is not None, module_name
+        assert hasattr(importlib.import_module(module_name), attribute), (module_name, attribute)

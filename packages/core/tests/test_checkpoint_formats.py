@@ -1,21 +1,25 @@
-"""Each layout this project writes is recognised, and refusing one says who reads it and how to convert."""
+"""A checkpoint layout is recognised exactly where the package that writes it is installed (its
+``checkpoint_formats`` hook), a single torch.save file always, and refusing one says who reads it and how
+to convert it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from lightning_strategies import checkpoints, hookimpl
 from lightning_strategies.checkpoints import (
-    COLOSSALAI,
-    DCP,
-    DEEPSPEED,
     FILE,
-    XLA_FSDP,
+    CheckpointFormat,
     foreign_checkpoint_error,
+    format_named,
     identify,
+    installed_formats,
 )
+from lightning_strategies.registry import StrategyRegistry
 
 
 def touch(path: Path) -> Path:
@@ -24,48 +28,120 @@ def touch(path: Path) -> Path:
     return path
 
 
+def is_acme_folder(path: Path) -> bool:
+    return path.is_dir() and (path / "acme.index").is_file()
+
+
+ACME = CheckpointFormat(
+    "acme",
+    "an Acme sharded folder (acme.index beside its shards)",
+    'the acme strategy (strategy="acme", from acme-strategy)',
+    "`acme-convert {path} full.ckpt` writes one file of full weights",
+    is_acme_folder,
+)
+
+
+class AcmePlugin:
+    @hookimpl
+    def checkpoint_formats(self):
+        return [ACME]
+
+
 @pytest.fixture
-def layouts(tmp_path: Path) -> dict[str, Path]:
-    deepspeed = tmp_path / "deepspeed.ckpt"
-    touch(deepspeed / "latest")
-    touch(deepspeed / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt")
-    dcp = tmp_path / "fsdp.ckpt"
-    touch(dcp / ".metadata")
-    touch(dcp / "__0_0.distcp")
-    colossalai = tmp_path / "colossalai.ckpt"
-    touch(colossalai / "meta.pt")
-    touch(colossalai / "model" / "pytorch_model.bin.index.json")
-    xla_fsdp = tmp_path / "xla.ckpt"
-    touch(xla_fsdp / "checkpoint_rank-00000000-of-00000002.pth")
-    single = tmp_path / "full.ckpt"
-    torch.save({"state_dict": {}}, single)
-    return {"deepspeed": deepspeed, "dcp": dcp, "colossalai": colossalai, "xla_fsdp": xla_fsdp, "file": single}
+def acme_folder(tmp_path: Path) -> Path:
+    touch(tmp_path / "acme.ckpt" / "acme.index")
+    touch(tmp_path / "acme.ckpt" / "shard-0")
+    return tmp_path / "acme.ckpt"
 
 
-def test_every_layout_is_identified(layouts: dict[str, Path]) -> None:
-    assert identify(layouts["deepspeed"]) is DEEPSPEED
-    assert identify(layouts["deepspeed"] / "checkpoint") is DEEPSPEED
-    assert identify(next((layouts["deepspeed"] / "checkpoint").iterdir())) is DEEPSPEED
-    assert identify(layouts["dcp"]) is DCP
-    assert identify(layouts["colossalai"]) is COLOSSALAI
-    assert identify(layouts["xla_fsdp"]) is XLA_FSDP
-    assert identify(layouts["file"]) is FILE
+def test_a_plugins_format_is_recognised_only_while_the_plugin_is_registered(
+    registry: StrategyRegistry, add_plugin: Callable[..., None], acme_folder: Path
+) -> None:
+    assert identify(acme_folder) is None
+    add_plugin(AcmePlugin(), name="acme")
+    assert identify(acme_folder) is ACME
+    assert installed_formats() == [ACME] and format_named("acme") is ACME
+    registry.plugin_manager.unregister(name="acme")
+    assert identify(acme_folder) is None and format_named("acme") is None
 
 
-def test_unknown_paths_are_not_guessed(tmp_path: Path) -> None:
+def test_a_single_torch_save_file_is_cores_own_format(registry: StrategyRegistry, tmp_path: Path) -> None:
+    torch.save({"state_dict": {}}, tmp_path / "full.ckpt")
+    assert identify(tmp_path / "full.ckpt") is FILE
+
+
+def test_plugin_formats_are_asked_before_the_single_file(
+    registry: StrategyRegistry, add_plugin: Callable[..., None], tmp_path: Path
+) -> None:
+    # DeepSpeed's per-rank model-states files are torch.save files too: the package's layout must win.
+    shard = tmp_path / "rank_0_states.pt"
+    torch.save({"module": {}}, shard)
+    per_rank = CheckpointFormat("per_rank", "one rank's states", "its strategy", "", lambda path: path == shard)
+
+    class PerRankPlugin:
+        @hookimpl
+        def checkpoint_formats(self):
+            return [per_rank]
+
+    add_plugin(PerRankPlugin(), name="per-rank")
+    assert identify(shard) is per_rank
+
+
+def test_a_failing_hook_leaves_the_other_plugins_formats(
+    registry: StrategyRegistry, add_plugin: Callable[..., None], acme_folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenPlugin:
+        @hookimpl
+        def checkpoint_formats(self):
+            raise RuntimeError("cannot describe")
+
+    add_plugin(BrokenPlugin(), name="broken")
+    add_plugin(AcmePlugin(), name="acme")
+    assert identify(acme_folder) is ACME
+    assert "'broken': checkpoint_formats failed" in caplog.text
+
+
+def test_unknown_paths_are_not_guessed(registry: StrategyRegistry, tmp_path: Path) -> None:
     assert identify(tmp_path / "missing") is None
     assert identify(tmp_path) is None  # an empty folder
     assert identify(touch(tmp_path / "notes.txt")) is None  # not a torch.save file
 
 
-def test_the_error_names_the_format_its_reader_and_the_conversion(layouts: dict[str, Path]) -> None:
-    error = foreign_checkpoint_error(layouts["deepspeed"], "FSDP2Strategy", "a DCP folder or one full file")
-    message = str(error)
-    assert "is a DeepSpeed checkpoint (a folder" in message
+def test_the_error_names_the_format_its_reader_and_the_conversion(
+    registry: StrategyRegistry, add_plugin: Callable[..., None], acme_folder: Path
+) -> None:
+    add_plugin(AcmePlugin(), name="acme")
+    message = str(foreign_checkpoint_error(acme_folder, "FSDP2Strategy", "a DCP folder or one full file"))
+    assert "is an Acme sharded folder (acme.index" in message
     assert "FSDP2Strategy reads a DCP folder or one full file" in message
-    assert f"python -m lightning_strategies_deepspeed.convert {layouts['deepspeed']} full.ckpt" in message
+    assert 'Resume it with the acme strategy (strategy="acme"' in message
+    assert f"`acme-convert {acme_folder} full.ckpt`" in message
 
 
-def test_an_unknown_layout_says_to_check_the_path(tmp_path: Path) -> None:
-    message = str(foreign_checkpoint_error(tmp_path, "DeepSpeedStrategy", "a DeepSpeed folder"))
-    assert "no checkpoint layout this project knows" in message and "Check the path" in message
+def test_an_unknown_layout_says_to_check_the_path_or_install_its_package(
+    registry: StrategyRegistry, acme_folder: Path
+) -> None:
+    message = str(foreign_checkpoint_error(acme_folder, "DeepSpeedStrategy", "a DeepSpeed folder"))
+    assert "no checkpoint layout that the installed strategy packages know" in message
+    assert "Check the path" in message and "install that package" in message
+
+
+def test_the_formerly_exported_layout_names_equal_the_installed_formats_by_key(
+    registry: StrategyRegistry, add_plugin: Callable[..., None], tmp_path: Path
+) -> None:
+    # Packages released before the hook compare identify's answer with these names.
+    from lightning_strategies.checkpoints import DEEPSPEED
+
+    folder = touch(tmp_path / "ds" / "latest").parent
+    described = CheckpointFormat("deepspeed", "DeepSpeed's", "deepspeed", "", lambda path: path == folder)
+
+    class Described:
+        @hookimpl
+        def checkpoint_formats(self):
+            return [described]
+
+    assert identify(folder) != DEEPSPEED
+    add_plugin(Described(), name="described")
+    assert identify(folder) == DEEPSPEED and identify(folder) in (None, DEEPSPEED)
+    with pytest.raises(AttributeError, match=r"'lightning_strategies\.checkpoints' has no attribute 'NOT_A_FORMAT'"):
+        checkpoints.NOT_A_FORMAT  # noqa: B018

@@ -146,10 +146,10 @@ def test_check_refuses_impossible_arguments_in_one_line_before_running(add_plugi
 def test_doctor_reports_the_machine(plugins, capsys):
     assert main(["doctor"]) == 0
     output = capsys.readouterr().out
-    assert "torch" in output and "ninja" in output
+    assert "torch" in output and "lightning" in output
     assert "CPU cores" in output and "GiB memory" in output
-    # libaio is DeepSpeed's need: its package reports it, and none is installed here.
-    assert "libaio" not in output
+    # Kernel build tools and libaio are backends' needs: their packages report them, and none is installed here.
+    assert "ninja" not in output and "nvcc" not in output and "libaio" not in output
 
 
 class CudaOnlyPlugin:
@@ -181,3 +181,20 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=120) == 141, stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+def test_jit_build_checks_report_compiler_ninja_and_nvcc_for_the_backend_that_asks(monkeypatch):
+    from lightning_strategies import backends
+
+    found = {"g++": "g++ (GCC) 13.2.0", "nvcc": None}
+    monkeypatch.setattr(backends, "tool_version", lambda executable: found.get(executable))
+    monkeypatch.setattr(backends.shutil, "which", lambda executable: None)
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    rows = {what: (ok, detail) for what, ok, detail in backends.jit_build_checks("acme")}
+    assert rows["C++ compiler (acme JIT kernels)"] == (True, "g++ (GCC) 13.2.0")
+    assert rows["ninja (acme JIT kernels)"] == (False, "not found: pip install ninja")
+    ok, detail = rows["nvcc (acme CUDA kernels)"]
+    assert not ok and "install the CUDA toolkit" in detail
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dict((what, ok) for what, ok, _ in backends.jit_build_checks("acme"))["nvcc (acme CUDA kernels)"]

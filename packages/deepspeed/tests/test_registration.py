@@ -90,12 +90,53 @@ def test_info_gives_every_parameter_its_meaning(capsys: pytest.CaptureFixture[st
     assert all(line.startswith("        ") and line.strip() for line in lines[1::2])
 
 
-def test_doctor_reports_libaio_as_deepspeeds_need() -> None:
+def test_doctor_reports_libaio_and_the_kernel_build_tools_as_deepspeeds_needs() -> None:
     import ctypes.util
+    import shutil
 
     from lightning_strategies_deepspeed.plugin import environment_checks
 
-    [(what, ok, detail)] = environment_checks()
-    assert what == "libaio (deepspeed NVMe offload)"
+    checks = {what: (ok, detail) for what, ok, detail in environment_checks()}
+    assert set(checks) == {
+        "libaio (deepspeed NVMe offload)",
+        "C++ compiler (deepspeed JIT kernels)",
+        "ninja (deepspeed JIT kernels)",
+        "nvcc (deepspeed CUDA kernels)",
+    }
+    ok, detail = checks["libaio (deepspeed NVMe offload)"]
     assert ok is (ctypes.util.find_library("aio") is not None)
     assert ok or "apt-get install libaio-dev" in detail
+    ok, detail = checks["C++ compiler (deepspeed JIT kernels)"]
+    assert ok is ((shutil.which("c++") or shutil.which("g++")) is not None)
+
+
+def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
+    import torch
+
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import FILE, identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_deepspeed import plugin
+    from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
+
+    folder = tmp_path / "deepspeed.ckpt"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "latest").write_text("checkpoint")
+    states = folder / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    torch.save({"module": {}}, states)
+    paths = (folder, folder / "checkpoint", states)
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert [identify(path) for path in paths] == [None, None, FILE]
+    register_plugin(registry_module.get_registry(), plugin, "deepspeed", "lightning-strategies-deepspeed")
+    assert all(identify(path) is DEEPSPEED for path in paths)
+    assert identify(tmp_path) is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-deepspeed"}
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-deepspeed"]) == registered

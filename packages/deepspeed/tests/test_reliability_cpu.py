@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed.checkpoint
 from conftest import assert_weights_close, reference_weights, run_training
 
 from lightning_strategies.checkpoints import STAGING_FOLDER, check_file
 from lightning_strategies.errors import CheckpointError
+from lightning_strategies.testing import written_by_another_package
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed.compatibility import EngineLayout, SavedLayout, check_fits
 
@@ -94,22 +94,17 @@ def test_damaged_checkpoints_are_refused_with_what_to_do(saved, damage, expected
 def test_checkpoints_of_other_strategies_are_named_with_how_to_load_them(tmp_path):
     single_file = tmp_path / "ddp.ckpt"
     torch.save({"state_dict": {"weight": torch.ones(2)}}, single_file)
-    dcp_folder = tmp_path / "fsdp.ckpt"
-    torch.distributed.checkpoint.save({"weight": torch.ones(2)}, checkpoint_id=str(dcp_folder))  # FSDP2's format
-    torch.save({"epoch": 0}, dcp_folder / "meta.pt")
-    colossalai_folder = tmp_path / "colossalai.ckpt"  # ColossalAI's layout (ColossalAI needs CUDA to write one)
-    (colossalai_folder / "model").mkdir(parents=True)
-    torch.save({"epoch": 0}, colossalai_folder / "meta.pt")
+    other_package = tmp_path / "other.ckpt"  # a layout another installed package describes
+    (other_package / "model").mkdir(parents=True)
     unknown_folder = tmp_path / "other"
     unknown_folder.mkdir()
     for path, expected in [
         (single_file, "single torch.save checkpoint file.*load_full_weights=True"),
-        (dcp_folder, "torch.distributed.checkpoint folder.*lightning_strategies_fsdp.convert"),
-        (colossalai_folder, "ColossalAI sharded checkpoint.*load_full_weights=True.*state_dict_type='full'"),
-        (unknown_folder, "no checkpoint layout this project knows.*Check the path"),
+        (other_package, "another package's checkpoint.*load_full_weights=True.*another-package-convert"),
+        (unknown_folder, "no checkpoint layout that the installed strategy packages know.*Check the path"),
         (tmp_path / "missing.ckpt", "No checkpoint at"),
     ]:
-        with pytest.raises(CheckpointError, match=expected) as caught:
+        with written_by_another_package(other_package), pytest.raises(CheckpointError, match=expected) as caught:
             checkpoints.inspect(path)
         assert isinstance(caught.value, FileNotFoundError)  # what Lightning's DeepSpeed strategy raises there
 

@@ -178,3 +178,31 @@ def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
     assert mesh_backends(offloading, torch.device("cuda", 0), 2) == {0: "cpu:gloo,cuda:nccl", 1: "cpu:gloo,cuda:nccl"}
     assert mesh_backends(plain, torch.device("cuda", 0), 1) is None
     assert mesh_backends(offloading, torch.device("cpu"), 1) is None  # gloo already carries everything
+
+
+def test_core_identifies_dcp_folders_only_through_this_plugin(tmp_path, monkeypatch) -> None:
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_fsdp import plugin
+    from lightning_strategies_fsdp.checkpoint_layout import DCP
+
+    folder = tmp_path / "fsdp.ckpt"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"x")
+    (folder / "__0_0.distcp").write_bytes(b"x")
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert identify(folder) is None
+    register_plugin(registry_module.get_registry(), plugin, "fsdp", "lightning-strategies-fsdp")
+    assert identify(folder) is DCP
+    assert identify(tmp_path) is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-fsdp"}
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-fsdp"]) == registered

@@ -3,8 +3,8 @@ with what to do before DCP or torch.load reads them, and Lightning's checkpoints
 
 The damage cases load real checkpoints of 2 processes (the reference run) into a plain model in this
 process: validation comes before any model or process group is touched. The DeepSpeed and ColossalAI
-folders are their layouts only (neither backend is installed with this package); core's
-``checkpoint_formats.identify`` recognises them by layout alone.
+folders are their layouts only (neither backend is installed with this package); the packages that write
+them describe them to core's ``identify`` (their ``checkpoint_formats`` hook), stood in for here.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from conftest import read, run_group
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from lightning_strategies.checkpoints import load_file
+from lightning_strategies import hookimpl
+from lightning_strategies import registry as registry_module
+from lightning_strategies.checkpoints import CheckpointFormat, load_file
 from lightning_strategies.errors import CheckpointError
+from lightning_strategies.plugins import register_plugin
 from lightning_strategies_fsdp.checkpoint import load_into, staged_checkpoint
 from lightning_strategies_fsdp.convert import main as convert_main
 from lightning_strategies_fsdp.validation import checked_sharded_metadata, load_sharded_state
@@ -122,17 +125,47 @@ def deepspeed_folder(path: Path) -> Path:
     return path
 
 
-def test_foreign_checkpoints_are_named_with_the_way_to_use_them(tmp_path: Path) -> None:
-    deepspeed = deepspeed_folder(tmp_path / "deepspeed.ckpt")
-    for path in (deepspeed, deepspeed / "checkpoint", deepspeed / "checkpoint" / "mp_rank_00_model_states.pt"):
-        with pytest.raises(CheckpointError, match=r"is a DeepSpeed checkpoint.*lightning_strategies_deepspeed.convert"):
-            load(path)
+class _ForeignWriters:
+    """Stands in for the deepspeed and colossalai packages, which describe their layouts to core."""
 
+    def __init__(self, deepspeed: Path, colossalai: Path) -> None:
+        self.layouts = {"deepspeed": deepspeed, "colossalai": colossalai}
+
+    @hookimpl
+    def checkpoint_formats(self):
+        return [
+            CheckpointFormat(
+                key,
+                f"a {key} layout",
+                f"the {key} strategies",
+                f"`{key}-convert {{path}} full.ckpt`",
+                lambda path, root=root: path == root or root in path.parents,
+            )
+            for key, root in self.layouts.items()
+        ]
+
+
+def test_foreign_checkpoints_are_named_with_the_way_to_use_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deepspeed = deepspeed_folder(tmp_path / "deepspeed.ckpt")
     colossalai = tmp_path / "colossalai.ckpt"
     (colossalai / "model").mkdir(parents=True)
     torch.save({"colossalai_sharded_checkpoint": True}, colossalai / "meta.pt")
-    colossalai_fix = r"ColossalAI sharded checkpoint.*strategy=\"colossalai\".*state_dict_type='full'"
-    with pytest.raises(CheckpointError, match=colossalai_fix):
+
+    # Where the package that wrote a folder is missing, the folder is still refused before DCP reads it, as no
+    # checkpoint of fsdp's (a ColossalAI folder's meta.pt looks like an incomplete one of fsdp's).
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    with pytest.raises(CheckpointError, match=r"is a folder but no checkpoint"):
+        load(deepspeed)
+    with pytest.raises(CheckpointError, match=r"has no \.metadata"):
+        load(colossalai)
+
+    register_plugin(registry_module.get_registry(), _ForeignWriters(deepspeed, colossalai), "writers")
+    for path in (deepspeed, deepspeed / "checkpoint", deepspeed / "checkpoint" / "mp_rank_00_model_states.pt"):
+        with pytest.raises(CheckpointError, match=r"is a deepspeed layout.*deepspeed strategies.*deepspeed-convert"):
+            load(path)
+    with pytest.raises(CheckpointError, match=r"is a colossalai layout.*the colossalai strategies"):
         load(colossalai)
 
     (tmp_path / "notes").mkdir()

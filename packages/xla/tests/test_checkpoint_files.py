@@ -19,6 +19,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_strategies.checkpoints import STAGING_FOLDER
 from lightning_strategies.errors import CheckpointError
+from lightning_strategies.testing import written_by_another_package
 from lightning_strategies_xla import SingleDeviceXLAStrategy, XLAAccelerator
 from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint
 
@@ -110,41 +111,25 @@ def test_damaged_or_foreign_file_is_refused(tmp_path, damage, message):
         SingleDeviceXLAStrategy().load_checkpoint(path)
 
 
-def deepspeed_folder(path: Path) -> None:
-    """DeepSpeed's layout (written by hand: DeepSpeed is not installed with this package)."""
-    (path / "checkpoint").mkdir(parents=True)
-    (path / "latest").write_text("checkpoint")
-    torch.save({"module": {}}, path / "checkpoint" / "mp_rank_00_model_states.pt")
-
-
-def fsdp2_folder(path: Path) -> None:
-    """What lightning-strategies-fsdp writes: a real torch.distributed.checkpoint folder plus meta.pt."""
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save({"state_dict": {"weight": torch.zeros(2)}}, checkpoint_id=path, no_dist=True)
-    torch.save({"epoch": 0}, path / "meta.pt")
-
-
-def colossalai_folder(path: Path) -> None:
-    """The layout of lightning-strategies-colossalai-gemini's sharded checkpoints (meta.pt and model/)."""
-    (path / "model").mkdir(parents=True)
-    torch.save({"colossalai_sharded_checkpoint": True}, path / "meta.pt")
-
-
 @pytest.mark.parametrize(
     ("write", "message"),
     [
-        (deepspeed_folder, r"is a DeepSpeed checkpoint \(a folder.*python -m lightning_strategies_deepspeed.convert"),
-        (fsdp2_folder, r"torch.distributed.checkpoint folder.*python -m lightning_strategies_fsdp.convert"),
-        (colossalai_folder, r"ColossalAI sharded checkpoint folder.*state_dict_type='full'"),
         (lambda path: shard_folder(path, world_size=2), r"sharded XLA FSDP checkpoint.*consolidate_sharded_ckpts"),
-        (Path.mkdir, r"no checkpoint layout this project knows"),
+        (Path.mkdir, r"no checkpoint layout that the installed strategy packages know"),
     ],
 )
 def test_another_strategys_folder_is_named_with_its_conversion(tmp_path, write, message):
     path = tmp_path / "other.ckpt"
     write(path)
     with pytest.raises(CheckpointError, match=message):
+        SingleDeviceXLAStrategy().load_checkpoint(path)
+
+
+def test_another_packages_checkpoint_is_named_with_its_conversion(tmp_path):
+    path = tmp_path / "other.ckpt"
+    path.mkdir()
+    (path / "shard-0").write_bytes(b"x")
+    with written_by_another_package(path), pytest.raises(CheckpointError, match=r"is another package's.*-convert"):
         SingleDeviceXLAStrategy().load_checkpoint(path)
 
 
@@ -200,7 +185,11 @@ def test_xla_fsdp_strategy_checks_before_lightning_reads_the_shards(tmp_path):
         ("shard truncated", "sharded", r"checkpoint_rank-00000002-of-00000004.pth is truncated"),
         ("full file", "sharded", r"is one file.*state_dict_type='full'"),
         ("shards", "full", r"is a sharded XLA FSDP checkpoint.*consolidate_sharded_ckpts"),
-        ("deepspeed", "sharded", r"DeepSpeed checkpoint \(a folder.*XLAFSDPStrategy reads folders of checkpoint_rank"),
+        (
+            "another package",
+            "sharded",
+            r"another package's checkpoint.*XLAFSDPStrategy reads folders of checkpoint_rank",
+        ),
         ("missing", "sharded", r"No checkpoint at"),
         ("missing", "full", r"No checkpoint file at"),
     ],
@@ -216,9 +205,10 @@ def test_xla_fsdp_checkpoint_problems_are_named(tmp_path, damage, state_dict_typ
         torch.save({"model": {}}, path)
     elif damage == "shards":
         shard_folder(path, world_size=4)
-    elif damage == "deepspeed":
-        deepspeed_folder(path)
-    with pytest.raises(CheckpointError, match=re.compile(message, re.DOTALL)):
+    elif damage == "another package":
+        path.mkdir()
+        (path / "shard-0").write_bytes(b"x")
+    with written_by_another_package(path), pytest.raises(CheckpointError, match=re.compile(message, re.DOTALL)):
         check_xla_fsdp_checkpoint(path, state_dict_type, world_size=4)
 
 

@@ -91,3 +91,42 @@ def test_lightnings_accelerator_reports_unavailable_without_torch_xla(monkeypatc
     fake_module = types.SimpleNamespace(XLAAccelerator=type("XLAAccelerator", (), {}))
     count_devices_locally(fake_module)
     assert fake_module.XLAAccelerator.is_available() is False
+
+
+def test_core_identifies_xla_fsdp_checkpoints_only_through_this_plugin(tmp_path, monkeypatch):
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies_xla import plugin
+    from lightning_strategies_xla.checkpoint_layout import XLA_FSDP
+
+    folder = tmp_path / "xla.ckpt"
+    folder.mkdir()
+    (folder / "checkpoint_rank-00000000-of-00000002.pth").write_bytes(b"x")
+
+    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
+    assert identify(folder) is None
+    register_plugin(registry_module.get_registry(), plugin, "xla", "lightning-strategies-xla")
+    assert identify(folder) is XLA_FSDP
+    assert identify(tmp_path) is None
+
+
+def test_cores_install_hints_list_exactly_the_names_this_package_registers():
+    # core keeps the names to say which package to install when this one is missing; they must not drift.
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-xla"}
+    assert registered and set(PROJECT_PACKAGES["lightning-strategies-xla"]) == registered
+
+
+@pytest.mark.parametrize("module_name", ["lightning.fabric.accelerators.xla", "lightning_fabric.accelerators.xla"])
+def test_lightnings_xla_accelerator_counts_locally_once_imported(module_name):
+    # The plugin finds these modules in core's table of watched modules; a fresh interpreter imports one.
+    import subprocess
+    import sys
+
+    code = f"import {module_name} as xla; print(getattr(xla.XLAAccelerator, '_counts_devices_locally', False))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "True"

@@ -50,17 +50,20 @@ def environment_checks():
 
     from packaging.version import Version
 
+    from lightning_strategies.backends import jit_build_checks
     from lightning_strategies_colossalai.backend import DISTRIBUTION, INSTALL_HINT, SUPPORTED
 
+    # HybridAdam and CPUAdam JIT-build their C++ and CUDA kernels on first use.
+    kernels = jit_build_checks("colossalai")
     what = f"{DISTRIBUTION}: colossalai"
     try:
         installed = metadata.version("colossalai")
     except metadata.PackageNotFoundError:
-        return [(what, False, f"not installed: {INSTALL_HINT}")]
+        return [(what, False, f"not installed: {INSTALL_HINT}"), *kernels]
     detail = f"{installed} (tested: {SUPPORTED})"
     if Version(installed) not in SUPPORTED:
-        return [(what, False, f"{detail}; install a tested version: {INSTALL_HINT}")]
-    return [(what, True, detail)]
+        return [(what, False, f"{detail}; install a tested version: {INSTALL_HINT}"), *kernels]
+    return [(what, True, detail), *kernels]
 
 
 @hookimpl
@@ -68,3 +71,10 @@ def memory_plan_candidates(workload, machine):
     from lightning_strategies_colossalai.memory import plan_candidates
 
     return plan_candidates(workload, machine)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
+
+    return [COLOSSALAI]

@@ -8,7 +8,7 @@ The supported API for plugin authors is ``__all__`` here and in the modules name
 and name is internal and may change in any release.
 """
 
-from lightning_strategies.activation import activate
+from lightning_strategies.activation import activate, watched_modules
 from lightning_strategies.errors import (
     CapabilityError,
     CheckpointError,
@@ -59,4 +59,5 @@ __all__ = [
     "hookimpl",
     "plan",
     "warn_obsolete_parameter",
+    "watched_modules",
 ]

@@ -16,6 +16,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+import _lightning_strategies_autoload
+
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
 from lightning_strategies.known import (
     LIGHTNING_BUILTIN_ACCELERATORS,
@@ -23,32 +25,24 @@ from lightning_strategies.known import (
     PROJECT_PACKAGES,
     providing_distribution,
 )
-from lightning_strategies.registry import StrategyRegistry, clash_message, get_registry
+from lightning_strategies.registry import TRAINER_NAMESPACES, StrategyRegistry, clash_message, get_registry
 
 log = logging.getLogger(__name__)
 
-# registry module -> (namespace, registry attribute)
-_REGISTRY_MODULES = {
-    "lightning.pytorch.strategies": ("lightning.pytorch", "StrategyRegistry"),
-    "pytorch_lightning.strategies": ("pytorch_lightning", "StrategyRegistry"),
-    "lightning.fabric.strategies": ("lightning.fabric", "STRATEGY_REGISTRY"),
-    "lightning_fabric.strategies": ("lightning_fabric", "STRATEGY_REGISTRY"),
-}
-# connector module -> (namespace, connector class)
-_CONNECTOR_MODULES = {
-    "lightning.pytorch.trainer.connectors.accelerator_connector": ("lightning.pytorch", "_AcceleratorConnector"),
-    "pytorch_lightning.trainer.connectors.accelerator_connector": ("pytorch_lightning", "_AcceleratorConnector"),
-    "lightning.fabric.connector": ("lightning.fabric", "_Connector"),
-    "lightning_fabric.connector": ("lightning_fabric", "_Connector"),
-}
 # Lightning refuses some built-in names on CPU by name, before any strategy exists. A plugin that
 # replaces the name replaces the strategy, so the name is taken off these lists.
+# (kind of watched module, whether it is the Trainer's) -> (class holding the list, or None: the module; the list)
 _BUILTIN_NAME_GUARDS = {
-    "lightning.pytorch.strategies": ("FSDPStrategy", "_registered_strategies"),
-    "pytorch_lightning.strategies": ("FSDPStrategy", "_registered_strategies"),
-    "lightning.fabric.connector": (None, "_FSDP_ALIASES"),
-    "lightning_fabric.connector": (None, "_FSDP_ALIASES"),
+    ("strategy registry", True): ("FSDPStrategy", "_registered_strategies"),
+    ("connector", False): (None, "_FSDP_ALIASES"),
 }
+
+
+def watched_modules(kind: str | None = None) -> tuple[str, ...]:
+    """The Lightning modules core watches (``lightning_module_imported`` is called for each), of one ``kind``
+    where given: "strategy registry", "connector" or "xla accelerator"."""
+    table = _lightning_strategies_autoload.WATCHED_MODULES
+    return tuple(module for module, (_, what, _) in table.items() if kind is None or what == kind)
 
 
 def activate() -> None:
@@ -56,10 +50,8 @@ def activate() -> None:
 
     Registries already imported are filled now; the others when they are imported.
     """
-    import _lightning_strategies_autoload
-
     _lightning_strategies_autoload.install()
-    for module_name in _lightning_strategies_autoload.WATCHED_MODULES:
+    for module_name in watched_modules():
         module = sys.modules.get(module_name)
         if module is not None:
             on_lightning_import(module_name, module)
@@ -68,14 +60,15 @@ def activate() -> None:
 def on_lightning_import(module_name: str, module: ModuleType) -> None:
     """Called right after Lightning executed one of the watched modules."""
     try:
-        if module_name in _REGISTRY_MODULES:
-            namespace, attribute = _REGISTRY_MODULES[module_name]
-            fill_lightning_registry(getattr(module, attribute), namespace)
-        if module_name in _CONNECTOR_MODULES:
-            namespace, class_name = _CONNECTOR_MODULES[module_name]
-            _patch_connector(getattr(module, class_name), namespace)
-        if module_name in _BUILTIN_NAME_GUARDS:
-            _lift_builtin_name_guard(module, *_BUILTIN_NAME_GUARDS[module_name])
+        if module_name in _lightning_strategies_autoload.WATCHED_MODULES:
+            namespace, kind, attribute = _lightning_strategies_autoload.WATCHED_MODULES[module_name]
+            if kind == "strategy registry":
+                fill_lightning_registry(getattr(module, attribute), namespace)
+            if kind == "connector":
+                _patch_connector(getattr(module, attribute), namespace)
+            guard = _BUILTIN_NAME_GUARDS.get((kind, namespace in TRAINER_NAMESPACES))
+            if guard is not None:
+                _lift_builtin_name_guard(module, *guard)
         plugins = get_registry().plugin_manager
         if plugins is not None:
             plugins.hook.lightning_module_imported(module_name=module_name, module=module)

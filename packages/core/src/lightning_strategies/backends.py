@@ -1,4 +1,5 @@
-"""Importing the library a strategy drives, with an install line when it is missing or too old.
+"""Importing the library a strategy drives, with an install line when it is missing or too old, and
+checking what building its kernels needs (for a plugin's ``environment_checks``).
 
 The supported range comes from the strategy distribution's own ``Requires-Dist`` metadata, so
 pyproject.toml stays the one place a range is written.
@@ -7,6 +8,9 @@ pyproject.toml stays the one place a range is written.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import shutil
+import subprocess
 from importlib import metadata
 from types import ModuleType
 
@@ -18,7 +22,9 @@ from lightning_strategies.errors import MissingBackendError
 __all__ = [
     "declared_requirement",
     "installed_version",
+    "jit_build_checks",
     "require_backend",
+    "tool_version",
 ]
 
 
@@ -79,3 +85,43 @@ def require_backend(
             f"{backend_distribution} {version} is installed but `import {module}` failed: {error}. "
             f"Reinstall it with: {how}"
         ) from error
+
+
+def tool_version(executable: str) -> str | None:
+    """What ``executable --version`` says (nvcc's last line, which holds its release; others' first), its path
+    where it says nothing readable, or None where it is not on PATH."""
+    path = shutil.which(executable)
+    if path is None:
+        return None
+    try:
+        output = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return path
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if not lines:
+        return path
+    return lines[-1] if executable == "nvcc" else lines[0]
+
+
+def jit_build_checks(backend: str) -> list[tuple[str, bool, str]]:
+    """``environment_checks`` rows for a backend that JIT-builds C++ and CUDA kernels on first use (torch's
+    cpp_extension): a C++ compiler, ninja, and nvcc where a CUDA device is present."""
+    compiler = tool_version("c++") or tool_version("g++")
+    ninja = importlib.util.find_spec("ninja") is not None or shutil.which("ninja") is not None
+    rows = [
+        (f"C++ compiler ({backend} JIT kernels)", compiler is not None, compiler or "not found: apt-get install g++"),
+        (f"ninja ({backend} JIT kernels)", ninja, "found" if ninja else "not found: pip install ninja"),
+    ]
+    try:
+        import torch
+    except ImportError:  # without torch there is no kernel to build; core's doctor says torch is missing
+        return rows
+    nvcc = tool_version("nvcc")
+    cuda = torch.cuda.is_available()
+    detail = nvcc or (
+        "not found: install the CUDA toolkit that matches torch's CUDA, or put its bin folder on PATH"
+        if cuda
+        else "not found (needed only on CUDA devices)"
+    )
+    rows.append((f"nvcc ({backend} CUDA kernels)", nvcc is not None or not cuda, detail))
+    return rows

@@ -1,12 +1,15 @@
-"""`lightning-strategies doctor`: what this machine can run, and what to install for the rest."""
+"""`lightning-strategies doctor`: what this machine can run, and what to install for the rest.
+
+Core reports what every strategy shares (Python, torch, CUDA devices, host memory, Lightning) and each
+strategy distribution's declared requirements; what a backend needs besides (compilers for its kernels,
+libaio) its package reports through the ``environment_checks`` hook.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import platform
-import shutil
-import subprocess
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -23,19 +26,8 @@ class Finding:
     detail: str
 
 
-def _tool_version(executable: str, flag: str = "--version") -> str | None:
-    path = shutil.which(executable)
-    if path is None:
-        return None
-    try:
-        output = subprocess.run([path, flag], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return path
-    lines = [line for line in output.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if executable == "nvcc" and lines else (lines[0].strip() if lines else path)
-
-
 def machine_findings() -> list[Finding]:
+    """What every strategy needs: Python, torch and its CUDA devices, the host, Lightning."""
     findings = [Finding("python", True, f"{platform.python_version()} on {platform.machine()}")]
     try:
         import torch
@@ -67,18 +59,6 @@ def machine_findings() -> list[Finding]:
         findings.append(
             Finding(distribution, version is not None, version or f"not installed: pip install {distribution}")
         )
-    compiler = _tool_version("c++") or _tool_version("g++")
-    findings.append(Finding("C++ compiler (JIT kernels)", compiler is not None, compiler or "apt-get install g++"))
-    ninja = importlib.util.find_spec("ninja") is not None or shutil.which("ninja") is not None
-    findings.append(Finding("ninja (JIT kernels)", ninja, "found" if ninja else "pip install ninja"))
-    nvcc = _tool_version("nvcc")
-    findings.append(
-        Finding(
-            "nvcc (CUDA kernels)",
-            nvcc is not None or not cuda,
-            nvcc or "not found (needed only for CUDA kernels)",
-        )
-    )
     return findings
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from lightning_strategies.checkpoints.formats import CheckpointFormat
     from lightning_strategies.planning import Candidate, Machine, Workload
     from lightning_strategies.registry import PluginRegistrar
 
@@ -42,8 +43,23 @@ def environment_checks() -> list[tuple[str, bool, str]]:  # type: ignore[empty-b
     """Report what this machine needs for the plugin's strategies, for `lightning-strategies doctor`.
 
     Return ``(what, ok, detail)`` tuples, e.g. ``("libaio (NVMe offload)", False, "apt-get install
-    libaio-dev")``. Keep it fast and side-effect free; core already checks the backend versions
-    declared in the distribution's requirements.
+    libaio-dev")``. Keep it fast and side-effect free. Core reports only what every strategy shares
+    (Python, torch, CUDA devices, host memory, Lightning) and checks the backend versions declared in
+    the distribution's requirements; tools a backend needs (a compiler, ninja, nvcc for JIT-built
+    kernels, libaio) are the plugin's to check here.
+    """
+
+
+@hookspec
+def checkpoint_formats() -> list[CheckpointFormat]:  # type: ignore[empty-body]
+    """Describe the checkpoint layouts the plugin's strategies write, so that any strategy refusing one can
+    say what it is, who reads it and how to convert it (``lightning_strategies.checkpoints.identify``).
+
+    Return :class:`~lightning_strategies.checkpoints.CheckpointFormat` objects, each with a unique ``key``
+    and a ``matches(path)`` predicate that tells the layout from the file or folder alone: no unpickling,
+    and False for any other layout (a single ``torch.save`` file is core's own format, tried after every
+    plugin's). ``to_full_weights`` may name ``{path}``. Called only when a checkpoint is identified; import
+    ``lightning_strategies.checkpoints`` inside the hook, since it imports torch.
     """
 
 
@@ -51,8 +67,9 @@ def environment_checks() -> list[tuple[str, bool, str]]:  # type: ignore[empty-b
 def lightning_module_imported(module_name: str, module: ModuleType) -> None:
     """Adjust a Lightning module right after Lightning imported it, before anyone uses it.
 
-    Called for the modules core watches (``_lightning_strategies_autoload.WATCHED_MODULES``):
-    the strategy registries, the connectors, and the XLA accelerator modules. For fixes that
+    Called for the modules core watches (``lightning_strategies.watched_modules()``, of one kind with
+    ``watched_modules("xla accelerator")``): the strategy registries, the connectors, and the XLA
+    accelerator modules. For fixes that
     cannot wait until a strategy is built, such as Lightning's XLA accelerator reaching for the
     network when it counts devices. Keep it cheap, and import the plugin's heavy parts inside.
 

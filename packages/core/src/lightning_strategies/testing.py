@@ -1,5 +1,5 @@
 """The test kit every strategy package's tests share, and plugin authors' too: a free port for a process
-group, and a runner for scripts that launch ranks of their own.
+group, a runner for scripts that launch ranks of their own, and stand-ins for other packages' checkpoint layouts.
 
 The same pieces are fixtures of core's pytest plugin (``free_port``, ``run_script``), loaded wherever
 lightning-strategies is installed. Importing this module imports neither torch nor Lightning.
@@ -7,15 +7,36 @@ lightning-strategies is installed. Importing this module imports neither torch n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
+from lightning_strategies.hookspecs import hookimpl
 
-__all__ = ["OUTPUT_TAIL", "ScriptFailed", "free_port", "run_script"]
+if TYPE_CHECKING:
+    from lightning_strategies.checkpoints import CheckpointFormat
+
+__all__ = [
+    "ANOTHER_PACKAGE",
+    "OUTPUT_TAIL",
+    "ScriptFailed",
+    "checkpoint_layouts_described",
+    "free_port",
+    "run_script",
+    "written_by_another_package",
+]
+
+# How ``written_by_another_package`` describes a checkpoint, for tests to look for in a refusal.
+ANOTHER_PACKAGE = {
+    "description": "another package's checkpoint",
+    "read_by": "another package's strategies",
+    "to_full_weights": "`another-package-convert {path} full.ckpt` writes one file of full weights",
+}
 
 # Enough of a failed run's output to show the traceback and what the other ranks said before it.
 OUTPUT_TAIL = 6000
@@ -60,3 +81,44 @@ def run_script(
             f"--- stderr (last {tail} characters) ---\n{completed.stderr[-tail:]}"
         )
     return completed
+
+
+@contextlib.contextmanager
+def checkpoint_layouts_described(*formats: CheckpointFormat, plugin: str = "layout-stand-in") -> Iterator[None]:
+    """Within the block, ``identify`` knows ``formats`` as if an installed package described them.
+
+    A package's tests run where only that package is installed, so another package's layout is unknown there;
+    this stands in for that package, to test how a strategy refuses a checkpoint it cannot read.
+    """
+    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies.registry import get_registry
+
+    class StandIn:
+        @hookimpl
+        def checkpoint_formats(self) -> list[CheckpointFormat]:
+            return list(formats)
+
+    registry = get_registry()
+    register_plugin(registry, StandIn(), plugin)
+    try:
+        yield
+    finally:
+        registry.plugin_manager.unregister(name=plugin)
+        registry.loaded_plugins.remove(plugin)
+
+
+def written_by_another_package(path: str | os.PathLike[str]) -> contextlib.AbstractContextManager[None]:
+    """Within the block, ``identify`` says the checkpoint at ``path`` (and anything inside it) is another installed
+    package's, described by ``ANOTHER_PACKAGE``: whatever the installed packages are, a test sees how a strategy
+    refuses a checkpoint it cannot read."""
+    from pathlib import Path
+
+    from lightning_strategies.checkpoints import CheckpointFormat
+
+    root = Path(path)
+    stand_in = CheckpointFormat(
+        "another_package",
+        **ANOTHER_PACKAGE,
+        matches=lambda candidate: candidate == root or root in candidate.parents,
+    )
+    return checkpoint_layouts_described(stand_in)

@@ -115,14 +115,18 @@ def register_strategies(registry):
 
 @hookimpl
 def environment_checks():
-    # DeepSpeed's async_io op, which NVMe offloading needs, builds against libaio.
+    from lightning_strategies.backends import jit_build_checks
+
+    # DeepSpeed JIT-builds its ops (CPUAdam, FusedAdam, async I/O) on first use; async_io, which NVMe
+    # offloading needs, builds against libaio.
     libaio = ctypes.util.find_library("aio")
     return [
+        *jit_build_checks("deepspeed"),
         (
             "libaio (deepspeed NVMe offload)",
             libaio is not None,
             libaio or "not found: apt-get install libaio-dev (only deepspeed_stage_3_offload_nvme needs it)",
-        )
+        ),
     ]
 
 
@@ -131,3 +135,10 @@ def memory_plan_candidates(workload, machine):
     from lightning_strategies_deepspeed.memory import candidates
 
     return candidates(workload, machine)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
+
+    return [DEEPSPEED]

@@ -101,3 +101,10 @@ def memory_plan_candidates(workload, machine):
     from lightning_strategies_fsdp.memory import candidates
 
     return candidates(workload, machine)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_fsdp.checkpoint_layout import DCP
+
+    return [DCP]

@@ -13,8 +13,6 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
-LIGHTNING_XLA_ACCELERATOR_MODULES = ("lightning.fabric.accelerators.xla", "lightning_fabric.accelerators.xla")
-
 
 def count_devices_locally(module: ModuleType) -> None:
     """Point ``module.XLAAccelerator``'s device count (and availability) at ``devices.local_device_count``."""

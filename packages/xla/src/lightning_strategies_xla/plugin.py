@@ -1,7 +1,9 @@
 """Registers the XLA strategy names; imports nothing heavy (no torch, no torch_xla)."""
 
-from lightning_strategies import hookimpl
-from lightning_strategies_xla.lightning_device_count import LIGHTNING_XLA_ACCELERATOR_MODULES
+from lightning_strategies import hookimpl, watched_modules
+
+# lightning.fabric's and lightning_fabric's accelerators/xla.py, from core's one table of watched modules.
+_LIGHTNING_XLA_ACCELERATOR_MODULES = watched_modules("xla accelerator")
 
 _PRECISIONS = ("32-true", "bf16-true", "16-true")
 # Lightning calls its XLA accelerator "tpu", whatever the PJRT device behind it.
@@ -45,7 +47,14 @@ def register_strategies(registry):
 @hookimpl
 def lightning_module_imported(module_name, module):
     # Lightning's own XLA accelerator would ask the GCE metadata server for the TPU layout.
-    if module_name in LIGHTNING_XLA_ACCELERATOR_MODULES:
+    if module_name in _LIGHTNING_XLA_ACCELERATOR_MODULES:
         from lightning_strategies_xla.lightning_device_count import count_devices_locally
 
         count_devices_locally(module)
+
+
+@hookimpl
+def checkpoint_formats():
+    from lightning_strategies_xla.checkpoint_layout import XLA_FSDP
+
+    return [XLA_FSDP]

@@ -2,12 +2,14 @@
 
 - ``staging``: saves that survive a crash mid-save (``staged_save`` publishes with one atomic rename).
 - ``loading``: ``load_file`` and ``check_file``, whose errors name the problem and the fix.
-- ``formats``: what a checkpoint on disk is (``identify``), and the error for another strategy's.
+- ``formats``: what a checkpoint on disk is (``identify``, asking each package's ``checkpoint_formats`` hook),
+  and the error for another strategy's.
 - ``checkpoint_io``: the same for checkpoints written through Lightning's CheckpointIO plugins.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
 """
 
+from lightning_strategies.checkpoints import formats as _formats
 from lightning_strategies.checkpoints.checkpoint_io import (
     check_checkpoint_file,
     check_trainer_checkpoint,
@@ -18,14 +20,12 @@ from lightning_strategies.checkpoints.checkpoint_io import (
     writes_in_background,
 )
 from lightning_strategies.checkpoints.formats import (
-    COLOSSALAI,
-    DCP,
-    DEEPSPEED,
     FILE,
-    XLA_FSDP,
     CheckpointFormat,
     foreign_checkpoint_error,
+    format_named,
     identify,
+    installed_formats,
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.staging import (
@@ -51,7 +51,9 @@ __all__ = [
     "check_file",
     "check_trainer_checkpoint",
     "foreign_checkpoint_error",
+    "format_named",
     "identify",
+    "installed_formats",
     "is_local",
     "load_file",
     "publish",
@@ -66,3 +68,10 @@ __all__ = [
     "weights_only_keyword",
     "writes_in_background",
 ]
+
+
+def __getattr__(name: str) -> CheckpointFormat:
+    # DEEPSPEED, DCP, COLOSSALAI, XLA_FSDP: the packages' layouts under their former names (formats.py).
+    if name in _formats._FORMERLY_EXPORTED:
+        return _formats.__getattr__(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,95 +6,94 @@ deep inside DeepSpeed ("Unable to find latest file"), a DeepSpeed folder handed 
 format it cannot read, raises ``foreign_checkpoint_error`` naming the strategy that writes it and
 how to turn it into a file of full weights that any strategy loads.
 
-The layouts are those this project's packages write; the knowledge lives here, once, because
-each package must recognise the others'.
+Each package describes its own layout through the ``checkpoint_formats`` hook, so a layout is known
+exactly where its package is installed and core holds no backend's layout. Core knows one format
+itself: a single ``torch.save`` file, which is Lightning's own and which every strategy loads.
 """
 
 from __future__ import annotations
 
+import logging
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning_strategies.errors import CheckpointError
 
-# DeepSpeed: a tag folder (named in `latest`) with one model-states file per model-parallel rank;
-# ZeRO-3 prefixes it with the data-parallel rank (zero_pp_rank_0_mp_rank_00_model_states.pt).
-_DEEPSPEED_MODEL_STATES = "*mp_rank_00_model_states.pt"
-_DEEPSPEED_TAG_FILES = ("latest", "latest_universal")
-# torch.distributed.checkpoint (FSDP2's sharded state dict) writes `.metadata` beside its shards.
-_DCP_METADATA = ".metadata"
-# ColossalAI sharded (lightning-strategies-colossalai-gemini): meta.pt beside model/ in its index format.
-_COLOSSALAI_META, _COLOSSALAI_MODEL = "meta.pt", "model"
-# XLA FSDP sharded (Fabric's xla_fsdp): one checkpoint_rank-<rank>-of-<world size>.pth per process.
-_XLA_FSDP_SHARDS = "checkpoint_rank-*-of-*.pth"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CheckpointFormat:
-    """A checkpoint layout: what it is, which strategies read it, how to get full weights from it."""
+    """A checkpoint layout: what it is, which strategies read it, how to get full weights from it.
+
+    ``matches`` tells, from the path alone (no unpickling), whether a file or folder has this layout.
+    Formats are equal when their keys are: ``key`` names the layout, the rest is how it is told apart
+    and explained.
+    """
 
     key: str
-    description: str
-    read_by: str
-    to_full_weights: str
+    description: str = field(compare=False)
+    read_by: str = field(compare=False)
+    to_full_weights: str = field(compare=False)
+    matches: Callable[[Path], bool] = field(compare=False, repr=False, default=lambda path: False)
 
 
-DEEPSPEED = CheckpointFormat(
-    "deepspeed",
-    "a DeepSpeed checkpoint (a folder with a tag folder of per-rank *mp_rank_00_model_states.pt files, "
-    "or one of those files)",
-    'the deepspeed strategies (strategy="deepspeed_stage_2", ..., from lightning-strategies-deepspeed)',
-    "`python -m lightning_strategies_deepspeed.convert {path} full.ckpt` writes one file of full fp32 weights",
-)
-DCP = CheckpointFormat(
-    "dcp",
-    "a sharded torch.distributed.checkpoint folder (FSDP2's state_dict_type='sharded')",
-    'the fsdp strategies (strategy="fsdp", ..., from lightning-strategies-fsdp), on any number of processes',
-    "`python -m lightning_strategies_fsdp.convert {path} full.ckpt` writes one file of full weights",
-)
-COLOSSALAI = CheckpointFormat(
-    "colossalai",
-    "a ColossalAI sharded checkpoint folder (meta.pt beside a model/ folder)",
-    'the colossalai strategies (strategy="colossalai", from lightning-strategies-colossalai-gemini)',
-    "load it with a colossalai strategy and save it again with state_dict_type='full': one file of full weights",
-)
-XLA_FSDP = CheckpointFormat(
-    "xla_fsdp",
-    "a sharded XLA FSDP checkpoint folder (one checkpoint_rank-<rank>-of-<world size>.pth per process)",
-    "Fabric's xla_fsdp strategy (from lightning-strategies-xla), on as many processes as saved it",
-    "`python -m torch_xla.distributed.fsdp.consolidate_sharded_ckpts --ckpt_prefix {path}/checkpoint "
-    "--ckpt_suffix '_rank-*-of-*.pth' --save_path full.ckpt` writes one file of full weights",
-)
+def _is_torch_save_file(path: Path) -> bool:
+    return path.is_file() and zipfile.is_zipfile(path)
+
+
 FILE = CheckpointFormat(
     "file",
     "a single torch.save checkpoint file (written by ddp, by FSDP2 and ColossalAI with state_dict_type='full', "
     "and by the convert tools)",
     "every strategy that loads full weights",
     "it already holds full weights",
+    _is_torch_save_file,
 )
 
 
-def identify(path: str | Path) -> CheckpointFormat | None:
-    """The format of the checkpoint at ``path``, or None where no known layout is there."""
+def installed_formats() -> list[CheckpointFormat]:
+    """The layouts the installed strategy packages describe (``checkpoint_formats`` hook), in pluggy's call
+    order (the plugin registered last first), one per key.
+
+    A plugin whose hook fails is left out with a log line: one broken package must not hide the others'
+    layouts from an error message.
+    """
+    from lightning_strategies.registry import get_registry
+
+    manager = get_registry().plugin_manager
+    if manager is None:
+        return []
+    formats: dict[str, CheckpointFormat] = {}
+    for implementation in reversed(manager.hook.checkpoint_formats.get_hookimpls()):
+        try:
+            described = implementation.function()
+        except Exception as error:
+            plugin = implementation.plugin_name
+            log.warning("lightning-strategies: plugin %r: checkpoint_formats failed: %r", plugin, error)
+            continue
+        for checkpoint_format in described or ():
+            formats.setdefault(checkpoint_format.key, checkpoint_format)
+    return list(formats.values())
+
+
+def identify(path: str | Path, formats: Iterable[CheckpointFormat] | None = None) -> CheckpointFormat | None:
+    """The format of the checkpoint at ``path``, or None where no known layout is there.
+
+    ``formats`` are the layouts to try, the installed packages' by default; a single ``torch.save`` file
+    is tried last, since some packages' layouts are such files too (DeepSpeed's per-rank model states).
+    """
     path = Path(path)
-    if path.is_file():
-        if path.match(_DEEPSPEED_MODEL_STATES):
-            return DEEPSPEED  # a file from inside a DeepSpeed tag folder
-        return FILE if zipfile.is_zipfile(path) else None
-    if not path.is_dir():
+    if not path.exists():
         return None
-    if (path / _DCP_METADATA).is_file():
-        return DCP
-    if (path / _COLOSSALAI_META).is_file() and (path / _COLOSSALAI_MODEL).is_dir():
-        return COLOSSALAI
-    if any(path.glob(_XLA_FSDP_SHARDS)):
-        return XLA_FSDP
-    if any(path.glob(_DEEPSPEED_MODEL_STATES)):
-        return DEEPSPEED  # the tag folder itself
-    has_tag_file = any((path / name).is_file() for name in _DEEPSPEED_TAG_FILES)
-    if has_tag_file and any(path.glob(f"*/{_DEEPSPEED_MODEL_STATES}")):
-        return DEEPSPEED
+    for checkpoint_format in (*(installed_formats() if formats is None else formats), FILE):
+        try:
+            if checkpoint_format.matches(path):
+                return checkpoint_format
+        except OSError:  # an unreadable entry is no evidence of a layout
+            continue
     return None
 
 
@@ -105,9 +104,31 @@ def foreign_checkpoint_error(path: str | Path, strategy: str, here: str) -> Chec
     """
     found = identify(path)
     if found is None:
-        what = f"{path} is no checkpoint layout this project knows"
-        fix = "Check the path: it should be what a strategy's save_checkpoint (or ModelCheckpoint) wrote."
+        what = f"{path} is no checkpoint layout that the installed strategy packages know"
+        fix = (
+            "Check the path: it should be what a strategy's save_checkpoint (or ModelCheckpoint) wrote. If another "
+            "strategy package wrote it, install that package (`lightning-strategies list` shows what is installed): "
+            "it recognises its own layout and says how to convert it."
+        )
     else:
         what = f"{path} is {found.description}"
         fix = f"Resume it with {found.read_by}. To load its weights here: {found.to_full_weights.format(path=path)}."
     return CheckpointError(f"{what}, and {strategy} reads {here}. {fix}")
+
+
+# The names under which core exported each package's layout before the packages described their own.
+# Packages released then compare ``identify``'s answer with them, so each is a stand-in equal (by key) to the
+# installed package's format; looking the real one up here would load every plugin at import time.
+_FORMERLY_EXPORTED = {"DEEPSPEED": "deepspeed", "DCP": "dcp", "COLOSSALAI": "colossalai", "XLA_FSDP": "xla_fsdp"}
+
+
+def format_named(key: str) -> CheckpointFormat | None:
+    """The installed format with ``key``, or None where no installed package describes it."""
+    return next((found for found in installed_formats() if found.key == key), None)
+
+
+def __getattr__(name: str) -> CheckpointFormat:
+    if name in _FORMERLY_EXPORTED:
+        key = _FORMERLY_EXPORTED[name]
+        return CheckpointFormat(key, f"a {key} checkpoint", f"the package that describes {key} checkpoints", "")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
