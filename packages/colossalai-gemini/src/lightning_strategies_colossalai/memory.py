@@ -83,7 +83,6 @@ SETUP_HOST_BYTES = 6
 # with 55 and 89 GiB of the GPU in use, so its host peak is planned as every state on the host plus the set-up
 # copy. An estimate, to be fitted.
 AUTO_HOST_BYTES = 20
-CHOICE_MARGIN = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +109,7 @@ def predict_static(workload: Workload, gpus: int, placement: Placement) -> tuple
 
 def predict_auto(workload: Workload, gpus: int, machine: Machine) -> tuple[float, float, float]:
     """Placement auto: chunks fill what the GPU has left after activations; the host is planned for all states."""
-    from lightning_strategies.planning import activation_bytes, host_base_bytes
+    from lightning_strategies.planning import CHOICE_MARGIN, activation_bytes, host_base_bytes
 
     count = workload.parameters
     low = workload.low_precision_bytes
@@ -124,10 +123,10 @@ def predict_auto(workload: Workload, gpus: int, machine: Machine) -> tuple[float
 
 def choose_static_placement(workload: Workload, machine: Machine) -> Placement | None:
     """The least offload that fits with a margin: optimizer states first, then low-precision chunks."""
-    from lightning_strategies.planning import smallest_fitting_fraction
+    from lightning_strategies.planning import smallest_fitting_fraction, with_choice_margin
 
     gpus = max(1, machine.gpus)
-    margin = dataclasses.replace(machine, gpu_memory_bytes=int(machine.gpu_memory_bytes * (1 - CHOICE_MARGIN)))
+    margin = with_choice_margin(machine)
 
     def optimizer_only(fraction: float) -> tuple[float, float]:
         return predict_static(workload, gpus, Placement(fraction, 0.0))[:2]
