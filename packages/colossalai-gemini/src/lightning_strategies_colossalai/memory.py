@@ -10,6 +10,7 @@ the fp32 master weights and the Adam moments, split by the device that holds the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,6 +67,18 @@ def memory_statistics(gemini_model: Any, gemini_optimizer: Any | None = None) ->
         for device, value in optimizer_bytes(gemini_optimizer).items():
             stats[f"{PREFIX}optimizer_{device}_bytes"] = value
     return stats
+
+
+def log_memory_statistics(trainer: Any, is_global_zero: bool, statistics: Callable[[], dict[str, float]]) -> None:
+    """Send rank 0's statistics to the Trainer's loggers at the Trainer's logging cadence (``log_every_n_steps``),
+    as Lightning logs its own metrics; they are computed only on the steps that log them."""
+    if trainer is None or not trainer.loggers or not is_global_zero:
+        return
+    if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
+        return
+    stats = statistics()
+    for logger in trainer.loggers:
+        logger.log_metrics(stats, step=trainer.global_step)
 
 
 # The memory model. Gemini keeps each parameter in a low-precision chunk (its gradient is reduced into the
