@@ -134,8 +134,8 @@ def check_placement(settings: GeminiSettings, gemini_precision: str, trainer: An
     # With "auto" and a GPU margin, GeminiOptimizer moves master weights to the GPU at the first step.
     may_move = settings.placement_policy == "auto" and settings.gpu_margin_mem_ratio > 0
     if scaled and (on_gpu or may_move):
-        where = f"{on_gpu} chunk(s) with master weights on the GPU" if on_gpu else (
-            "placement 'auto' with gpu_margin_mem_ratio > 0"
-        )  # fmt: skip
+        where = "placement 'auto' with gpu_margin_mem_ratio > 0"
+        if on_gpu:
+            where = f"{on_gpu} chunk(s) with master weights on the GPU"
         scale = "fp16 loss scaling" if gemini_precision == "fp16" else "gradient clipping"
         raise CapabilityError(f"ColossalAIStrategy: CPUAdam with {where} and {scale}: {CPU_ADAM_ON_GPU_REASON}")
