@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+# Where the loss scaler's state is kept in Lightning's checkpoint, beside the optimizer states.
+LOSS_SCALER_KEY = "colossalai_loss_scaler"
+
 
 @contextlib.contextmanager
 def fp32_chunk_transfers(gemini_model: Any) -> Generator[None, None, None]:
@@ -28,6 +31,16 @@ def fp32_chunk_transfers(gemini_model: Any) -> Generator[None, None, None]:
         yield
     finally:
         gemini_model.mixed_precision = training_dtype
+
+
+def gathered_model_state(gemini_model: Any, rank_zero_only: bool, is_global_zero: bool) -> dict[str, Any]:
+    """The full model state gathered from the chunks in fp32, on CPU; with ``rank_zero_only`` only rank 0
+    gets the tensors (the others an empty dict), as GeminiDDP gathers them to rank 0 alone."""
+    with fp32_chunk_transfers(gemini_model):
+        state = gemini_model.state_dict(only_rank_0=rank_zero_only)
+    if rank_zero_only and not is_global_zero:
+        return {}
+    return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
 
 
 def loss_scaler_state(gemini_optimizer: Any) -> dict[str, Any] | None:

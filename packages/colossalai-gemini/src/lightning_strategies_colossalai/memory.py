@@ -10,6 +10,7 @@ the fp32 master weights and the Adam moments, split by the device that holds the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,6 +69,18 @@ def memory_statistics(gemini_model: Any, gemini_optimizer: Any | None = None) ->
     return stats
 
 
+def log_memory_statistics(trainer: Any, is_global_zero: bool, statistics: Callable[[], dict[str, float]]) -> None:
+    """Send rank 0's statistics to the Trainer's loggers at the Trainer's logging cadence (``log_every_n_steps``),
+    as Lightning logs its own metrics; they are computed only on the steps that log them."""
+    if trainer is None or not trainer.loggers or not is_global_zero:
+        return
+    if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
+        return
+    stats = statistics()
+    for logger in trainer.loggers:
+        logger.log_metrics(stats, step=trainer.global_step)
+
+
 # The memory model. Gemini keeps each parameter in a low-precision chunk (its gradient is reduced into the
 # same chunk), an fp32 master chunk and HybridAdam's two fp32 moments: 2 + 4 + 8 = 14 bytes in bf16 with
 # Adam, sharded over the GPUs. Static placement offloads a share of the optimizer side (master and
@@ -83,7 +96,6 @@ SETUP_HOST_BYTES = 6
 # with 55 and 89 GiB of the GPU in use, so its host peak is planned as every state on the host plus the set-up
 # copy. An estimate, to be fitted.
 AUTO_HOST_BYTES = 20
-CHOICE_MARGIN = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +122,7 @@ def predict_static(workload: Workload, gpus: int, placement: Placement) -> tuple
 
 def predict_auto(workload: Workload, gpus: int, machine: Machine) -> tuple[float, float, float]:
     """Placement auto: chunks fill what the GPU has left after activations; the host is planned for all states."""
-    from lightning_strategies.planning import activation_bytes, host_base_bytes
+    from lightning_strategies.planning import CHOICE_MARGIN, activation_bytes, host_base_bytes
 
     count = workload.parameters
     low = workload.low_precision_bytes
@@ -124,10 +136,10 @@ def predict_auto(workload: Workload, gpus: int, machine: Machine) -> tuple[float
 
 def choose_static_placement(workload: Workload, machine: Machine) -> Placement | None:
     """The least offload that fits with a margin: optimizer states first, then low-precision chunks."""
-    from lightning_strategies.planning import smallest_fitting_fraction
+    from lightning_strategies.planning import smallest_fitting_fraction, with_choice_margin
 
     gpus = max(1, machine.gpus)
-    margin = dataclasses.replace(machine, gpu_memory_bytes=int(machine.gpu_memory_bytes * (1 - CHOICE_MARGIN)))
+    margin = with_choice_margin(machine)
 
     def optimizer_only(fraction: float) -> tuple[float, float]:
         return predict_static(workload, gpus, Placement(fraction, 0.0))[:2]

@@ -1,4 +1,5 @@
-"""The sharded checkpoint folder (``meta.pt`` + ``model/`` + ``optimizer/``), checked before ColossalAI reads it.
+"""The sharded checkpoint folder (``meta.pt`` + ``model/`` + ``optimizer/``): written through ColossalAI's
+checkpoint IO, and checked before ColossalAI reads it.
 
 ``model/`` and ``optimizer/`` are ColossalAI's index format: one ``*.index.json`` naming the shard
 files (and, for the optimizer, the param-groups file). Shards hold whole tensors gathered on rank 0,
@@ -12,8 +13,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import check_file, load_file
+from lightning_strategies.checkpoints import (
+    COLOSSALAI,
+    check_file,
+    foreign_checkpoint_error,
+    identify,
+    is_local,
+    load_file,
+)
+from lightning_strategies_colossalai.checkpoint_state import fp32_chunk_transfers
 
 SHARDED_MARKER = "colossalai_sharded_checkpoint"
 META_FILE = "meta.pt"
@@ -21,6 +32,7 @@ MODEL_FOLDER = "model"
 OPTIMIZER_FOLDER = "optimizer"
 
 _RESUME_EARLIER = "Resume from an earlier checkpoint, or save this one again."
+_READS = "its sharded checkpoint folders (meta.pt + model/) and full checkpoint files"
 
 
 def sharded_meta(checkpoint: dict[str, Any], optimizer_count: int) -> dict[str, Any]:
@@ -36,6 +48,74 @@ def sharded_meta(checkpoint: dict[str, Any], optimizer_count: int) -> dict[str, 
         # themselves are in the optimizer/ shard files, loaded by the strategy's load_checkpoint.
         meta["optimizer_states"] = [{SHARDED_MARKER: "optimizer"} for _ in range(optimizer_count)]
     return meta
+
+
+def check_sharded_target(filepath: Any, storage_options: Any) -> None:
+    """Refuse what the shard files cannot be written to, before any rank starts gathering."""
+    if storage_options is not None:
+        raise TypeError(
+            "ColossalAIStrategy(state_dict_type='sharded') writes its own shard files and takes no "
+            "storage_options; use state_dict_type='full' with a CheckpointIO plugin instead."
+        )
+    if not is_local(filepath):
+        raise ValueError(
+            f"ColossalAIStrategy(state_dict_type='sharded') writes shard files on a local or mounted file "
+            f"system, not to {str(filepath)!r}. Save to a local path, or use state_dict_type='full' with a "
+            "CheckpointIO plugin for remote storage."
+        )
+
+
+def save_sharded(
+    gemini_io: Any,
+    gemini_model: Any,
+    optimizers: list[Any],
+    checkpoint: dict[str, Any],
+    folder: Path,
+    shard_size_mb: int,
+    write_meta: bool,
+) -> None:
+    """Every rank takes part in gathering the shards; rank 0 (``write_meta``) writes them and the meta file."""
+    with fp32_chunk_transfers(gemini_model):
+        gemini_io.save_model(gemini_model, str(folder / MODEL_FOLDER), shard=True, size_per_shard=shard_size_mb)
+    # A weights-only checkpoint (ModelCheckpoint(save_weights_only=True)) has no optimizer_states.
+    if "optimizer_states" in checkpoint:
+        for optimizer in optimizers:
+            gemini_io.save_optimizer(
+                getattr(optimizer, "_optimizer", optimizer),
+                str(folder / OPTIMIZER_FOLDER),
+                shard=True,
+                size_per_shard=shard_size_mb,
+            )
+    if write_meta:
+        torch.save(sharded_meta(checkpoint, len(optimizers)), folder / META_FILE)
+
+
+def load_sharded(gemini_io: Any, gemini_model: Any, optimizers: list[Any], folder: Path) -> None:
+    """Load the model shards, and the optimizer shards into ``optimizers`` (none: weights only)."""
+    with fp32_chunk_transfers(gemini_model):
+        gemini_io.load_model(gemini_model, str(folder / MODEL_FOLDER), strict=True)
+    for optimizer in optimizers:
+        gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(folder / OPTIMIZER_FOLDER))
+
+
+def check_sharded_checkpoint(path: Path, with_optimizer: bool, weights_only: bool | None) -> dict[str, Any]:
+    """Check a sharded checkpoint folder before ColossalAI reads it and return its ``meta.pt``.
+
+    Another strategy's folder, or a folder of no known format, is refused with what it is and how to
+    convert it; an incomplete or damaged one with what is missing.
+    """
+    found = identify(path)
+    if found not in (None, COLOSSALAI):
+        raise foreign_checkpoint_error(path, "ColossalAIStrategy", here=_READS)
+    if not is_sharded_folder(path):
+        raise CheckpointError(
+            f"{path} is a folder but not a ColossalAIStrategy sharded checkpoint (it needs {META_FILE} and "
+            f"{MODEL_FOLDER}/). Point ckpt_path at a checkpoint written with state_dict_type='sharded', or at "
+            "a full checkpoint file."
+        )
+    check_sharded_folder(path, with_optimizer)
+    # Read first: a weights_only refusal stops the load before any shard is read.
+    return read_sharded_meta(path, weights_only)
 
 
 def is_sharded_folder(path: Path) -> bool:

@@ -1,34 +1,26 @@
 """ColossalAIStrategy: ColossalAI 0.5 Gemini (GeminiDDP + GeminiOptimizer) under Lightning's own
 launcher and process group, with the parameters of the Lightning 1.x ColossalAIStrategy.
+
+The hooks Lightning calls say when; how is in a module per concern (refusals, lazy_init, gemini_setup,
+memory, checkpoint_state for full checkpoints, sharded_checkpoint), so each of Gemini's quirks is in one place.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.seed import seed_everything
-from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_strategies import CapabilityError, CheckpointError
 from lightning_strategies.checkpoints import (
-    COLOSSALAI,
     check_checkpoint_file,
     check_trainer_checkpoint,
-    foreign_checkpoint_error,
-    identify,
     is_local,
     recover_before_load,
     remove_checkpoint_path,
@@ -38,62 +30,12 @@ from lightning_strategies.checkpoints import (
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
+from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, memory, refusals
+from lightning_strategies_colossalai import sharded_checkpoint as sharded
 from lightning_strategies_colossalai.backend import load_colossalai
-from lightning_strategies_colossalai.checkpoint_state import (
-    fp32_chunk_transfers,
-    load_loss_scaler_state,
-    loss_scaler_state,
-)
-from lightning_strategies_colossalai.chunk_placement import chunks_with_gpu_master_weights, kept_gathered_parameters
 from lightning_strategies_colossalai.kernels import announce_kernel_build
-from lightning_strategies_colossalai.memory import memory_statistics
-from lightning_strategies_colossalai.options import (
-    MEBI,
-    GeminiSettings,
-    gemini_plugin_arguments,
-)
+from lightning_strategies_colossalai.options import MEBI, GeminiSettings
 from lightning_strategies_colossalai.precision import GeminiPrecision
-from lightning_strategies_colossalai.sharded_checkpoint import (
-    META_FILE,
-    MODEL_FOLDER,
-    OPTIMIZER_FOLDER,
-    SHARDED_MARKER,
-    check_sharded_folder,
-    is_sharded_folder,
-    read_sharded_meta,
-    sharded_meta,
-)
-
-ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
-_LOSS_SCALER_KEY = "colossalai_loss_scaler"
-_READS = "its sharded checkpoint folders (meta.pt + model/) and full checkpoint files"
-
-# Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
-# loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
-# established (benchmarks/auto_bf16_nan.py narrows it down), so the combination is refused.
-AUTO_BF16_REASON = (
-    "ColossalAI 0.5 Gemini with placement 'auto' and bf16 produced a NaN loss at every step on 1.3B and 2.7B "
-    "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this "
-    "strategy refuses the combination rather than train on silently broken weights. "
-    "Use precision='16-mixed' with placement 'auto', "
-    "or keep bf16 with strategy='colossalai_cuda' or 'colossalai_cpu'."
-)
-# HybridAdam/CPUAdam update bf16 gradients held on CPU with a plain torch fallback that ignores the
-# combined scale GeminiOptimizer passes in, and that scale is how Gemini applies max_norm.
-CPU_BF16_CLIP_REASON = (
-    "with bf16, ColossalAI 0.5's HybridAdam/CPUAdam update CPU-held gradients through a torch fallback that "
-    "ignores the clipping scale, so gradient_clip_val would silently not apply to offloaded chunks. Use "
-    "precision='16-mixed', or strategy='colossalai_cuda' (optimizer on the GPU), or no gradient clipping."
-)
-# CPUAdam updates master weights held on the GPU with a plain torch Adam that takes no gradient scale, and
-# asserts when GeminiOptimizer passes one (the fp16 loss scale, or a clipping factor).
-CPU_ADAM_ON_GPU_REASON = (
-    "ColossalAI 0.5's CPUAdam updates master weights held on the GPU with a plain torch Adam that cannot divide "
-    "the gradients by GeminiOptimizer's scale (the fp16 loss scale and the gradient clipping factor); it stops "
-    "with 'div_scale should remain default'. Use colossalai.nn.optimizer.HybridAdam, which updates chunks on "
-    "GPU and CPU and applies the scale on both; or keep CPUAdam with placement_policy='cpu' and a model of at "
-    "least min_chunk_size parameters (or a smaller min_chunk_size), so every chunk is offloaded."
-)
 
 
 class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
@@ -174,25 +116,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             process_group_backend: Process group backend; defaults to NCCL.
             timeout: Timeout of collective operations.
         """
-        self.settings = GeminiSettings(
-            use_chunk=use_chunk,
-            chunk_size=chunk_size,
-            enable_distributed_storage=enable_distributed_storage,
-            placement_policy=placement_policy,
-            force_outputs_fp32=force_outputs_fp32,
-            gpu_margin_mem_ratio=gpu_margin_mem_ratio,
-            chunk_search_range=chunk_search_range,
-            chunk_search_n_grids=chunk_search_n_grids,
-            min_chunk_size=min_chunk_size,
-            initial_scale=initial_scale,
-            min_scale=min_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            hysteresis=hysteresis,
-            max_scale=max_scale,
-            state_dict_type=state_dict_type,
-        )
+        # Each GeminiSettings field is the parameter of the same name; the settings validate them together.
+        arguments = locals()
+        self.settings = GeminiSettings(**{name: arguments[name] for name in GeminiSettings.__dataclass_fields__})
         self.settings.warn_obsolete()
         if not isinstance(shard_size_mb, int) or shard_size_mb <= 0:
             raise ValueError(f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer.")
@@ -213,62 +139,26 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     def own_precision_plugin(self, precision: str) -> GeminiPrecision:
         plugin = GeminiPrecision(precision)
-        if self.settings.placement_policy == "auto" and plugin.gemini_precision == "bf16":
-            raise CapabilityError(AUTO_BF16_REASON)
+        refusals.check_precision(self.settings, plugin.gemini_precision)
         self.settings.warn_precision(precision)
         return plugin
 
     def check_accelerator(self) -> None:
         """Refuse anything but CUDA, before processes are launched or colossalai is imported."""
-        if self.accelerator is not None and not isinstance(self.accelerator, CUDAAccelerator):
-            name = type(self.accelerator).__name__
-            placement = self.settings.placement_policy
-            raise CapabilityError(
-                f"ColossalAIStrategy needs a CUDA GPU, but the accelerator is {name}. Gemini runs its kernels "
-                f"in CUDA memory; placement_policy={placement!r} only chooses where chunks and optimizer states "
-                "are kept between uses"
-                + (" (with 'cpu', as in colossalai_cpu, CPU memory is the offload target, and training still "
-                   "runs on the GPU)" if placement == "cpu" else "")
-                + ". Use Trainer(accelerator='cuda', ...) on a machine with an NVIDIA GPU; for CPU-only training "
-                "pick another strategy (for example deepspeed or fsdp from lightning-strategies)."
-            )  # fmt: skip
+        refusals.check_accelerator(self.accelerator, self.settings.placement_policy)
 
     def _configure_launcher(self) -> None:
         self.check_accelerator()
         super()._configure_launcher()
 
-    @staticmethod
-    def check_optimizers(optimizers: list[Any]) -> None:
-        """Gemini steps exactly one HybridAdam or CPUAdam (GeminiOptimizer refuses any other type)."""
-        from colossalai.nn.optimizer import CPUAdam, HybridAdam
-
-        if len(optimizers) != 1:
-            raise ValueError(
-                f"ColossalAIStrategy supports exactly one optimizer, configure_optimizers returned {len(optimizers)}."
-            )
-        optimizer = optimizers[0]
-        if type(optimizer) not in (HybridAdam, CPUAdam):
-            raise TypeError(
-                f"ColossalAIStrategy needs one of {', '.join(ALLOWED_OPTIMIZERS)} (their chunk-aware kernels "
-                f"update fp32 master weights on GPU and CPU); configure_optimizers returned "
-                f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. For example: "
-                "`from colossalai.nn.optimizer import HybridAdam; "
-                "return HybridAdam(self.parameters(), lr=1e-3)`."
-            )
+    check_optimizers = staticmethod(refusals.check_optimizers)
+    refuse_weight_averaging = staticmethod(refusals.refuse_weight_averaging)
 
     def _check_clipping(self, trainer: Any) -> None:
-        clip = trainer.gradient_clip_val
-        if not clip:
-            return
-        if trainer.gradient_clip_algorithm not in (None, "norm"):
-            raise CapabilityError(
-                "ColossalAIStrategy clips gradients by norm only (GeminiOptimizer has no clip by value); "
-                "use Trainer(gradient_clip_algorithm='norm')."
-            )
-        if self.precision_plugin.gemini_precision == "bf16" and self.settings.placement_policy != "cuda":
-            raise CapabilityError(
-                f"gradient_clip_val={clip} with placement {self.settings.placement_policy!r}: " + CPU_BF16_CLIP_REASON
-            )
+        refusals.check_clipping(self.settings, self.precision_plugin.gemini_precision, trainer)
+
+    def _check_placement(self, trainer: Any, gemini_optimizer: Any) -> None:
+        refusals.check_placement(self.settings, self.precision_plugin.gemini_precision, trainer, gemini_optimizer)
 
     # ------------------------------------------------------------------------------ environment
 
@@ -279,33 +169,17 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         torch.cuda.set_device(self.root_device)
         super().setup_environment()
         watch_ranks(self.global_rank, self.world_size)
-        self._seed_ranks_alike()
-
-    def _seed_ranks_alike(self) -> None:
-        """Give every rank the same seed so lazily built parameters materialise identically.
-
-        With ``seed_everything`` Lightning has already done so; otherwise rank 0's seed is shared.
-        """
-        if "PL_GLOBAL_SEED" in os.environ:
-            return
-        seed = [int(torch.randint(0, 2**31 - 1, ()).item())]
-        torch.distributed.broadcast_object_list(seed, src=0)
-        seed_everything(seed[0], verbose=False)
-        rank_zero_info(f"ColossalAIStrategy: seeded every rank with {seed[0]} so parameters initialise alike.")
+        lazy_init.seed_ranks_alike()
 
     def tensor_init_context(self, empty_init: bool | None = None) -> Any:
         # Gemini places parameters itself (chunk by chunk); creating them on the GPU first would
         # need the whole unsharded model in GPU memory.
         return contextlib.nullcontext()
 
-    @contextlib.contextmanager
-    def model_sharded_context(self) -> Generator[None, None, None]:
+    def model_sharded_context(self) -> Any:
         """Modules built in ``configure_model`` are lazy: materialised one parameter at a time as
         GeminiDDP moves them into (sharded) chunks."""
-        from colossalai.lazy import LazyInitContext
-
-        with LazyInitContext(default_device=self.root_device):
-            yield
+        return lazy_init.lazy_init_context(self.root_device)
 
     def model_to_device(self) -> None:
         """GeminiDDP moves parameters into chunks on the placement's devices."""
@@ -322,100 +196,33 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     def plugin_arguments(self, trainer: Any) -> dict[str, Any]:
         """The GeminiPlugin keyword arguments for this run of ``trainer``."""
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        arguments = gemini_plugin_arguments(
-            self.settings,
-            str(self.precision_plugin.precision),
-            self.world_size,
-            accumulate_grad_batches=trainer.accumulate_grad_batches if fitting else 1,
-            gradient_clip_val=trainer.gradient_clip_val if fitting else None,
+        return gemini_setup.run_plugin_arguments(
+            self.settings, str(self.precision_plugin.precision), self.world_size, trainer
         )
-        if not fitting and arguments["placement_policy"] == "auto":
-            # "auto" learns its layout from a training step; evaluation alone keeps chunks on the GPU.
-            arguments.update(placement_policy="static", offload_optim_frac=0.0, offload_param_frac=0.0)
-        return arguments
-
-    @staticmethod
-    def refuse_weight_averaging(trainer: Any) -> None:
-        """Lightning's StochasticWeightAveraging refuses its sharded strategies (DeepSpeed, FSDP) by class; Gemini
-        shards as they do, and Lightning has no class of it to check, so the strategy refuses for itself."""
-        if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
-            raise MisconfigurationException(
-                "StochasticWeightAveraging keeps a full copy of the model, which ColossalAI's Gemini holds in shards "
-                "(chunks spread over ranks and devices); Lightning refuses it for its sharded strategies as well. "
-                "Remove the callback, or train with Trainer(strategy='ddp') to average weights."
-            )
 
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None
         self.refuse_weight_averaging(trainer)
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting:
-            self._check_clipping(trainer)
-        if (
-            fitting
-            and self.settings.placement_policy == "auto"
-            and self._gemini_model is None
-            and trainer.num_sanity_val_steps
-        ):
-            rank_zero_warn(
-                "ColossalAIStrategy: placement 'auto' needs one training step to trace memory before it can "
-                "evaluate, so the sanity-check validation is skipped."
-            )
-            trainer.num_sanity_val_steps = 0
-
         optimizer = None
         if fitting:
+            self._check_clipping(trainer)
+            gemini_setup.skip_sanity_check_before_tracing(self.settings, trainer, traced=self._gemini_model is not None)
             announce_kernel_build()
             self.setup_optimizers(trainer)
             self.check_optimizers(self.optimizers)
             optimizer = self.optimizers[0]
-
-        if self._gemini_model is None or self._gemini_model.module is not self.lightning_module:
-            from colossalai.booster.plugin import GeminiPlugin
-
-            self._gemini_plugin = GeminiPlugin(**self.plugin_arguments(trainer))
-            module: Any = self.lightning_module
-        else:
-            module = self._gemini_model  # a later fit/validate/test of the same model reuses its chunks
-        model, gemini_optimizer, *_ = self._gemini_plugin.configure(module, optimizer)
+        self._gemini_plugin, model, gemini_optimizer = gemini_setup.configure_gemini(
+            self._gemini_plugin, self._gemini_model, self.lightning_module, optimizer,
+            lambda: self.plugin_arguments(trainer),
+        )  # fmt: skip
         self._gemini_model = model
         self.model = model
         if fitting:
             self.optimizers = [gemini_optimizer]
             self._check_placement(trainer, gemini_optimizer)
         self.setup_precision_plugin()
-
-    def _check_placement(self, trainer: Any, gemini_optimizer: Any) -> None:
-        """Say where Gemini kept chunks on the GPU against the placement, and refuse what CPUAdam cannot step."""
-        kept = kept_gathered_parameters(gemini_optimizer)
-        if kept and self.settings.placement_policy == "cpu":
-            rank_zero_warn(
-                f"ColossalAIStrategy: placement 'cpu' offloads nothing for {kept} parameters: Gemini keeps a model "
-                f"smaller than min_chunk_size={self.settings.min_chunk_size} parameters (or any chunk when "
-                "enable_distributed_storage=False) gathered on the GPU with its optimizer states. Pass a smaller "
-                "min_chunk_size (or a chunk_size with enable_distributed_storage=True) to offload it."
-            )
-        from colossalai.nn.optimizer import CPUAdam
-
-        if type(gemini_optimizer.optim) is not CPUAdam:
-            return
-        scaled = self.precision_plugin.gemini_precision == "fp16" or bool(trainer.gradient_clip_val)
-        on_gpu = chunks_with_gpu_master_weights(gemini_optimizer)
-        # With "auto" and a GPU margin, GeminiOptimizer moves master weights to the GPU at the first step.
-        may_move = self.settings.placement_policy == "auto" and self.settings.gpu_margin_mem_ratio > 0
-        if scaled and (on_gpu or may_move):
-            where = (
-                f"{on_gpu} chunk(s) with master weights on the GPU"
-                if on_gpu
-                else "placement 'auto' with gpu_margin_mem_ratio > 0"
-            )
-            raise CapabilityError(
-                f"ColossalAIStrategy: CPUAdam with {where} and "
-                f"{'fp16 loss scaling' if self.precision_plugin.gemini_precision == 'fp16' else 'gradient clipping'}"
-                f": {CPU_ADAM_ON_GPU_REASON}"
-            )
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """GeminiOptimizer scales the loss (fp16) and runs backward under Gemini's chunk hooks."""
@@ -435,7 +242,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
-        self._log_memory_statistics()
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        memory.log_memory_statistics(trainer, self.is_global_zero, self.memory_statistics)
         return output
 
     # ------------------------------------------------------------------------------------ memory
@@ -446,17 +254,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         if self._gemini_model is None:
             return {}
         optimizer = self.gemini_optimizer if self.optimizers else None
-        return memory_statistics(self._gemini_model, optimizer)
-
-    def _log_memory_statistics(self) -> None:
-        trainer = getattr(self.lightning_module, "_trainer", None)
-        if trainer is None or not trainer.loggers or not self.is_global_zero:
-            return
-        if trainer.global_step % max(1, trainer.log_every_n_steps) != 0:
-            return
-        stats = self.memory_statistics()
-        for logger in trainer.loggers:
-            logger.log_metrics(stats, step=trainer.global_step)
+        return memory.memory_statistics(self._gemini_model, optimizer)
 
     # ------------------------------------------------------------------------------ checkpoints
 
@@ -467,11 +265,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             return super().lightning_module_state_dict()
         if self.settings.state_dict_type == "sharded":
             return {}
-        with fp32_chunk_transfers(self._gemini_model):
-            state = self._gemini_model.state_dict(only_rank_0=rank_zero_only)
-        if rank_zero_only and not self.is_global_zero:
-            return {}
-        return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+        return checkpoint_state.gathered_model_state(self._gemini_model, rank_zero_only, self.is_global_zero)
 
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         if self.settings.state_dict_type == "sharded":
@@ -484,44 +278,19 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         """Write the checkpoint beside ``filepath`` and publish it there in one step once every rank is done,
         so a crash mid-save leaves the previous checkpoint under the name (core's ``staged_save``)."""
         if "optimizer_states" in checkpoint and self.optimizers:
-            checkpoint[_LOSS_SCALER_KEY] = loss_scaler_state(self.gemini_optimizer)
+            checkpoint[checkpoint_state.LOSS_SCALER_KEY] = checkpoint_state.loss_scaler_state(self.gemini_optimizer)
         if self.settings.state_dict_type == "full":
             # The states were gathered before this call; rank 0 alone writes, through the CheckpointIO.
             with staged_checkpoint(filepath, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
                 super().save_checkpoint(checkpoint, target, storage_options)
             return
-        if storage_options is not None:
-            raise TypeError(
-                "ColossalAIStrategy(state_dict_type='sharded') writes its own shard files and takes no "
-                "storage_options; use state_dict_type='full' with a CheckpointIO plugin instead."
-            )
-        if not is_local(filepath):
-            raise ValueError(
-                f"ColossalAIStrategy(state_dict_type='sharded') writes shard files on a local or mounted file "
-                f"system, not to {str(filepath)!r}. Save to a local path, or use state_dict_type='full' with a "
-                "CheckpointIO plugin for remote storage."
-            )
+        sharded.check_sharded_target(filepath, storage_options)
         with staged_save(filepath, self.is_global_zero, self.barrier) as folder:
-            self._save_sharded(checkpoint, folder)
-
-    def _save_sharded(self, checkpoint: dict[str, Any], folder: Path) -> None:
-        """Every rank takes part in gathering the shards; rank 0 writes them and the meta file."""
-        gemini_io = self._gemini_plugin.get_checkpoint_io()
-        with fp32_chunk_transfers(self._gemini_model):
-            gemini_io.save_model(
-                self._gemini_model, str(folder / MODEL_FOLDER), shard=True, size_per_shard=self.shard_size_mb
-            )
-        # A weights-only checkpoint (ModelCheckpoint(save_weights_only=True)) has no optimizer_states.
-        if "optimizer_states" in checkpoint:
-            for optimizer in self.optimizers:
-                gemini_io.save_optimizer(
-                    getattr(optimizer, "_optimizer", optimizer),
-                    str(folder / OPTIMIZER_FOLDER),
-                    shard=True,
-                    size_per_shard=self.shard_size_mb,
-                )
-        if self.is_global_zero:
-            torch.save(sharded_meta(checkpoint, len(self.optimizers)), folder / META_FILE)
+            gemini_io = self._gemini_plugin.get_checkpoint_io()
+            sharded.save_sharded(
+                gemini_io, self._gemini_model, self.optimizers, checkpoint, folder, self.shard_size_mb,
+                write_meta=self.is_global_zero,
+            )  # fmt: skip
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
@@ -541,46 +310,26 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         if self._gemini_model is None:
             raise RuntimeError("ColossalAIStrategy loads a sharded checkpoint only after the model is set up.")
         gemini_io = self._gemini_plugin.get_checkpoint_io()
-        with fp32_chunk_transfers(self._gemini_model):
-            gemini_io.load_model(self._gemini_model, str(path / MODEL_FOLDER), strict=True)
-        if with_optimizer:
-            for optimizer in self.optimizers:
-                gemini_io.load_optimizer(getattr(optimizer, "_optimizer", optimizer), str(path / OPTIMIZER_FOLDER))
+        sharded.load_sharded(gemini_io, self._gemini_model, self.optimizers if with_optimizer else [], path)
         return meta
 
-    @staticmethod
-    def check_sharded_checkpoint(path: Path, with_optimizer: bool, weights_only: bool | None) -> dict[str, Any]:
-        """Check a sharded checkpoint folder before ColossalAI reads it and return its ``meta.pt``.
-
-        Another strategy's folder, or a folder of no known format, is refused with what it is and how to
-        convert it; an incomplete or damaged one with what is missing.
-        """
-        found = identify(path)
-        if found not in (None, COLOSSALAI):
-            raise foreign_checkpoint_error(path, "ColossalAIStrategy", here=_READS)
-        if not is_sharded_folder(path):
-            raise CheckpointError(
-                f"{path} is a folder but not a ColossalAIStrategy sharded checkpoint (it needs {META_FILE} and "
-                f"{MODEL_FOLDER}/). Point ckpt_path at a checkpoint written with state_dict_type='sharded', or at "
-                "a full checkpoint file."
-            )
-        check_sharded_folder(path, with_optimizer)
-        # Read first: a weights_only refusal stops the load before any shard is read.
-        return read_sharded_meta(path, weights_only)
+    check_sharded_checkpoint = staticmethod(sharded.check_sharded_checkpoint)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        if checkpoint.get(SHARDED_MARKER):
+        if checkpoint.get(sharded.SHARDED_MARKER):
             return  # loaded from the shard files in load_checkpoint
         if self._gemini_model is None:
             super().load_model_state_dict(checkpoint, strict=strict)
             return
-        with fp32_chunk_transfers(self._gemini_model):
+        with checkpoint_state.fp32_chunk_transfers(self._gemini_model):
             self._gemini_model.load_state_dict(checkpoint["state_dict"], strict=strict)
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         if self.optimizers:
-            load_loss_scaler_state(self.gemini_optimizer, checkpoint.get(_LOSS_SCALER_KEY))
-        if checkpoint.get(SHARDED_MARKER):
+            checkpoint_state.load_loss_scaler_state(
+                self.gemini_optimizer, checkpoint.get(checkpoint_state.LOSS_SCALER_KEY)
+            )
+        if checkpoint.get(sharded.SHARDED_MARKER):
             return  # loaded from the shard files in load_checkpoint
         for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
             getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)

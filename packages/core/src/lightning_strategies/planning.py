@@ -19,6 +19,7 @@ from typing import Any
 
 # What a strategy package's memory model may use (the rest is core's own arithmetic and ranking).
 __all__ = [
+    "CHOICE_MARGIN",
     "GIB",
     "Candidate",
     "Machine",
@@ -33,6 +34,7 @@ __all__ = [
     "parse_count",
     "plan",
     "smallest_fitting_fraction",
+    "with_choice_margin",
 ]
 
 GIB = 2**30
@@ -391,6 +393,17 @@ def fits_machine(gpu_peak_bytes: float, host_peak_bytes: float, machine: Machine
 def host_base_bytes(processes: int) -> int:
     """Resident memory of ``processes`` training processes before the model: one per GPU used."""
     return HOST_PROCESS_BASE_BYTES * max(1, processes)
+
+
+# The share of each GPU a package's memory model keeps free beyond its prediction when it chooses how much to
+# offload, so that a prediction a little low still trains. One value for every package, so that their
+# choices are equally cautious and the ranking compares like with like.
+CHOICE_MARGIN = 0.05
+
+
+def with_choice_margin(machine: Machine) -> Machine:
+    """``machine`` with CHOICE_MARGIN less GPU memory: what to pass to ``smallest_fitting_fraction``."""
+    return dataclasses.replace(machine, gpu_memory_bytes=int(machine.gpu_memory_bytes * (1 - CHOICE_MARGIN)))
 
 
 def smallest_fitting_fraction(

@@ -20,6 +20,7 @@ from lightning_strategies.planning import (
     candidate,
     host_base_bytes,
     smallest_fitting_fraction,
+    with_choice_margin,
 )
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 
@@ -33,9 +34,6 @@ OVERLAP_COMM_BUCKET_FACTOR = 4.5
 OFFLOAD_HOST_OVERHEAD_BYTES = 3
 # CPU Adam reads fp32 gradients: each offloaded parameter's gradient is kept in host memory in fp32.
 HOST_GRADIENT_BYTES = 4
-# A margin the planner leaves on each GPU beyond the prediction when it chooses an offload ratio, so that
-# a prediction a little low still trains.
-CHOICE_MARGIN = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,11 +134,6 @@ def _candidate(name: str, workload: Workload, machine: Machine, setting: ZeroSet
     )
 
 
-def _with_margin(machine: Machine) -> Machine:
-    """The machine with less GPU memory by CHOICE_MARGIN, for choosing how much to offload."""
-    return dataclasses.replace(machine, gpu_memory_bytes=int(machine.gpu_memory_bytes * (1 - CHOICE_MARGIN)))
-
-
 def choose_offload_ratio(workload: Workload, machine: Machine) -> float | None:
     """The least share of optimizer states ZeRO-3 must offload for the GPU peak to fit with a margin."""
     gpus = max(1, machine.gpus)
@@ -149,7 +142,7 @@ def choose_offload_ratio(workload: Workload, machine: Machine) -> float | None:
         prediction = predict(workload, gpus, ZeroSetting(3, ratio))
         return prediction.gpu_bytes, prediction.host_bytes
 
-    return smallest_fitting_fraction(peaks, _with_margin(machine))
+    return smallest_fitting_fraction(peaks, with_choice_margin(machine))
 
 
 def candidates(workload: Workload, machine: Machine) -> list[Candidate]:

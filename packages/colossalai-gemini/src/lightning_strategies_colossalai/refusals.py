@@ -1,0 +1,141 @@
+"""What ColossalAIStrategy refuses, and why: combinations ColossalAI 0.5's Gemini cannot train correctly.
+
+Each refusal names the problem and what to use instead, and runs as soon as its inputs exist (the
+accelerator before processes launch, the precision when the plugin is chosen, the optimizers and
+clipping at setup, where the chunks landed once Gemini placed them), so nothing trains on weights that a
+silent fallback would spoil. Kept apart from strategy.py so the reasons read in one place; colossalai is
+imported only inside the checks that need its classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_strategies import CapabilityError
+from lightning_strategies_colossalai.chunk_placement import chunks_with_gpu_master_weights, kept_gathered_parameters
+from lightning_strategies_colossalai.options import GeminiSettings
+
+ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
+
+# Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
+# loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
+# established (benchmarks/auto_bf16_nan.py narrows it down), so the combination is refused.
+AUTO_BF16_REASON = (
+    "ColossalAI 0.5 Gemini with placement 'auto' and bf16 produced a NaN loss at every step on 1.3B and 2.7B "
+    "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this "
+    "strategy refuses the combination rather than train on silently broken weights. "
+    "Use precision='16-mixed' with placement 'auto', "
+    "or keep bf16 with strategy='colossalai_cuda' or 'colossalai_cpu'."
+)
+# HybridAdam/CPUAdam update bf16 gradients held on CPU with a plain torch fallback that ignores the
+# combined scale GeminiOptimizer passes in, and that scale is how Gemini applies max_norm.
+CPU_BF16_CLIP_REASON = (
+    "with bf16, ColossalAI 0.5's HybridAdam/CPUAdam update CPU-held gradients through a torch fallback that "
+    "ignores the clipping scale, so gradient_clip_val would silently not apply to offloaded chunks. Use "
+    "precision='16-mixed', or strategy='colossalai_cuda' (optimizer on the GPU), or no gradient clipping."
+)
+# CPUAdam updates master weights held on the GPU with a plain torch Adam that takes no gradient scale, and
+# asserts when GeminiOptimizer passes one (the fp16 loss scale, or a clipping factor).
+CPU_ADAM_ON_GPU_REASON = (
+    "ColossalAI 0.5's CPUAdam updates master weights held on the GPU with a plain torch Adam that cannot divide "
+    "the gradients by GeminiOptimizer's scale (the fp16 loss scale and the gradient clipping factor); it stops "
+    "with 'div_scale should remain default'. Use colossalai.nn.optimizer.HybridAdam, which updates chunks on "
+    "GPU and CPU and applies the scale on both; or keep CPUAdam with placement_policy='cpu' and a model of at "
+    "least min_chunk_size parameters (or a smaller min_chunk_size), so every chunk is offloaded."
+)
+
+
+def check_precision(settings: GeminiSettings, gemini_precision: str) -> None:
+    if settings.placement_policy == "auto" and gemini_precision == "bf16":
+        raise CapabilityError(AUTO_BF16_REASON)
+
+
+def check_accelerator(accelerator: Any, placement: str) -> None:
+    """Refuse anything but CUDA, before processes are launched or colossalai is imported."""
+    if accelerator is None or isinstance(accelerator, CUDAAccelerator):
+        return
+    raise CapabilityError(
+        f"ColossalAIStrategy needs a CUDA GPU, but the accelerator is {type(accelerator).__name__}. Gemini runs its "
+        f"kernels in CUDA memory; placement_policy={placement!r} only chooses where chunks and optimizer states "
+        "are kept between uses"
+        + (" (with 'cpu', as in colossalai_cpu, CPU memory is the offload target, and training still "
+           "runs on the GPU)" if placement == "cpu" else "")
+        + ". Use Trainer(accelerator='cuda', ...) on a machine with an NVIDIA GPU; for CPU-only training "
+        "pick another strategy (for example deepspeed or fsdp from lightning-strategies)."
+    )  # fmt: skip
+
+
+def check_optimizers(optimizers: list[Any]) -> None:
+    """Gemini steps exactly one HybridAdam or CPUAdam (GeminiOptimizer refuses any other type)."""
+    from colossalai.nn.optimizer import CPUAdam, HybridAdam
+
+    if len(optimizers) != 1:
+        raise ValueError(
+            f"ColossalAIStrategy supports exactly one optimizer, configure_optimizers returned {len(optimizers)}."
+        )
+    optimizer = optimizers[0]
+    if type(optimizer) not in (HybridAdam, CPUAdam):
+        raise TypeError(
+            f"ColossalAIStrategy needs one of {', '.join(ALLOWED_OPTIMIZERS)} (their chunk-aware kernels "
+            f"update fp32 master weights on GPU and CPU); configure_optimizers returned "
+            f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. For example: "
+            "`from colossalai.nn.optimizer import HybridAdam; "
+            "return HybridAdam(self.parameters(), lr=1e-3)`."
+        )
+
+
+def check_clipping(settings: GeminiSettings, gemini_precision: str, trainer: Any) -> None:
+    clip = trainer.gradient_clip_val
+    if not clip:
+        return
+    if trainer.gradient_clip_algorithm not in (None, "norm"):
+        raise CapabilityError(
+            "ColossalAIStrategy clips gradients by norm only (GeminiOptimizer has no clip by value); "
+            "use Trainer(gradient_clip_algorithm='norm')."
+        )
+    if gemini_precision == "bf16" and settings.placement_policy != "cuda":
+        raise CapabilityError(
+            f"gradient_clip_val={clip} with placement {settings.placement_policy!r}: " + CPU_BF16_CLIP_REASON
+        )
+
+
+def refuse_weight_averaging(trainer: Any) -> None:
+    """Lightning's StochasticWeightAveraging refuses its sharded strategies (DeepSpeed, FSDP) by class; Gemini
+    shards as they do, and Lightning has no class of it to check, so the strategy refuses for itself."""
+    if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
+        raise MisconfigurationException(
+            "StochasticWeightAveraging keeps a full copy of the model, which ColossalAI's Gemini holds in shards "
+            "(chunks spread over ranks and devices); Lightning refuses it for its sharded strategies as well. "
+            "Remove the callback, or train with Trainer(strategy='ddp') to average weights."
+        )
+
+
+def check_placement(settings: GeminiSettings, gemini_precision: str, trainer: Any, gemini_optimizer: Any) -> None:
+    """Say where Gemini kept chunks on the GPU against the placement, and refuse what CPUAdam cannot step."""
+    kept = kept_gathered_parameters(gemini_optimizer)
+    if kept and settings.placement_policy == "cpu":
+        rank_zero_warn(
+            f"ColossalAIStrategy: placement 'cpu' offloads nothing for {kept} parameters: Gemini keeps a model "
+            f"smaller than min_chunk_size={settings.min_chunk_size} parameters (or any chunk when "
+            "enable_distributed_storage=False) gathered on the GPU with its optimizer states. Pass a smaller "
+            "min_chunk_size (or a chunk_size with enable_distributed_storage=True) to offload it."
+        )
+    from colossalai.nn.optimizer import CPUAdam
+
+    if type(gemini_optimizer.optim) is not CPUAdam:
+        return
+    scaled = gemini_precision == "fp16" or bool(trainer.gradient_clip_val)
+    on_gpu = chunks_with_gpu_master_weights(gemini_optimizer)
+    # With "auto" and a GPU margin, GeminiOptimizer moves master weights to the GPU at the first step.
+    may_move = settings.placement_policy == "auto" and settings.gpu_margin_mem_ratio > 0
+    if scaled and (on_gpu or may_move):
+        where = "placement 'auto' with gpu_margin_mem_ratio > 0"
+        if on_gpu:
+            where = f"{on_gpu} chunk(s) with master weights on the GPU"
+        scale = "fp16 loss scaling" if gemini_precision == "fp16" else "gradient clipping"
+        raise CapabilityError(f"ColossalAIStrategy: CPUAdam with {where} and {scale}: {CPU_ADAM_ON_GPU_REASON}")
