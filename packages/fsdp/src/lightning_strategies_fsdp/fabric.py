@@ -3,43 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
-from lightning.fabric.utilities.distributed import (
-    _distributed_is_initialized,
-    _sync_ddp_if_available,
-)
-from lightning.fabric.utilities.distributed import group as distributed_group
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from lightning_strategies import check_choice
-from lightning_strategies.checkpoints import recover_before_load
 from lightning_strategies_fsdp import checkpoint as checkpoints
-from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
-from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
-from lightning_strategies_fsdp.process_group import ProcessGroupMixin
-from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
-
-if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
+from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
+from lightning_strategies_fsdp.options import STRATEGY
 
 
-class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelStrategy):
+class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
     """Fully Sharded Data Parallel on ``fully_shard`` for Fabric; see ``FSDP2Strategy`` for the arguments.
 
     ``fabric.setup(model, optimizer)`` points the optimizer at the sharded parameters (sharding replaces them);
     creating the optimizer after ``fabric.setup(model)`` works as well.
     """
+
+    launcher_class = _SubprocessScriptLauncher
 
     def __init__(
         self,
@@ -58,55 +47,16 @@ class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelS
         forward_prefetch: bool = False,
         limit_all_gathers: bool = True,
         use_orig_params: bool = True,
-        param_init_fn: Callable[[Module], None] | None = None,
+        param_init_fn: Callable[[torch.nn.Module], None] | None = None,
         sync_module_states: bool = False,
         activation_checkpointing_policy: Any = None,
         device_mesh: Any = None,
         state_dict_type: str = "sharded",
         **kwargs: Any,
     ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-        )
-        self.options = parse_options(
-            auto_wrap_policy=auto_wrap_policy,
-            activation_checkpointing_policy=activation_checkpointing_policy,
-            cpu_offload=cpu_offload,
-            mixed_precision=mixed_precision,
-            sharding_strategy=sharding_strategy,
-            backward_prefetch=backward_prefetch,
-            forward_prefetch=forward_prefetch,
-            limit_all_gathers=limit_all_gathers,
-            use_orig_params=use_orig_params,
-            param_init_fn=param_init_fn,
-            sync_module_states=sync_module_states,
-            device_mesh=device_mesh,
-            **kwargs,
-        )
-        self.mixed_precision = mixed_precision
-        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
-        self._device_mesh: DeviceMesh | None = None
-        self._num_nodes = 1
+        super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io, precision)
+        self._take_arguments(locals())
         self._backward_sync_control = _GradientSyncControl()
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = num_nodes
-
-    def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        if not self.cluster_environment.creates_processes_externally:
-            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def setup_environment(self) -> None:
         super().setup_environment()
@@ -129,40 +79,19 @@ class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelS
         return module, optimizers, scheduler
 
     def setup_module(self, module: Module) -> Module:
-        return shard_model(module, self.options, self.device_mesh, self.root_device, self.mixed_precision_config)
+        return self._shard(module)
 
     def module_to_device(self, module: Module) -> None:
         pass  # fully_shard places each shard
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
-        stack = ExitStack()
-        if empty_init:
-            stack.enter_context(torch.device("meta"))  # materialized shard by shard in setup_module
-        stack.enter_context(self.precision.module_init_context())
-        return stack
+        return self._init_context(empty_init, self.precision.module_init_context())
 
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
-        if isinstance(tensor, Tensor):
-            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
-        return tensor
-
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        if not _distributed_is_initialized():
-            return
-        if torch.distributed.get_backend() == "nccl":
-            torch.distributed.barrier(device_ids=[self.root_device.index])
-        else:
-            torch.distributed.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not _distributed_is_initialized():
-            return obj
-        container = [obj]
-        torch.distributed.broadcast_object_list(container, src, group=distributed_group.WORLD)
-        return container[0]
+        return self._reduce(tensor, group, reduce_op)
 
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
-        return checkpoints.model_state(module, full=self.state_dict_type == "full")
+        return checkpoints.model_state(module, full=self._full_state)
 
     def save_checkpoint(
         self,
@@ -171,35 +100,24 @@ class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelS
         storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
-        full = self.state_dict_type == "full"
-        if storage_options is not None and not full:
-            raise TypeError(
-                f"{STRATEGY}(state_dict_type='sharded') writes checkpoints with torch.distributed.checkpoint, which "
-                "takes no storage_options. Drop storage_options, or save with state_dict_type='full', which writes "
-                "through the CheckpointIO plugin."
-            )
+        self._refuse_storage_options(storage_options)
         if filter is not None:
             raise NotImplementedError(f"{STRATEGY}.save_checkpoint(filter=...) is not supported.")
-        path = Path(self.broadcast(str(path)))
+        path = self._agreed_path(path)
         _, model = _the_model(state)
         tensors: dict[str, Any] = {}
         metadata: dict[str, Any] = {}
         for key, value in state.items():
             if value is model:
-                tensors[key] = checkpoints.model_state(model, full)
+                tensors[key] = checkpoints.model_state(model, self._full_state)
             elif isinstance(value, Optimizer):
-                tensors[key] = checkpoints.optimizer_state(model, value, full)
+                tensors[key] = checkpoints.optimizer_state(model, value, self._full_state)
             else:
                 metadata[key] = value.state_dict() if hasattr(value, "state_dict") else value
-        if full:
-            # The full state is gathered on rank 0 already: one file, which rank 0 writes.
-            write = checkpoints.checkpoint_io_writer(self.checkpoint_io, storage_options)
-            with checkpoints.staged_full_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as to:
-                checkpoints.save_full(to, {**tensors, **metadata}, self.global_rank, write)
-            return
-        checkpoints.warn_if_checkpoint_io_unused(self._checkpoint_io)
-        with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
-            checkpoints.save_sharded(staged, tensors, metadata, self.global_rank)
+        if self._full_state:
+            self._save_full(path, {**tensors, **metadata}, storage_options)
+        else:
+            self._save_sharded(path, tensors, metadata)
 
     def load_checkpoint(
         self,
@@ -215,8 +133,7 @@ class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelS
                 f"{STRATEGY}.load_checkpoint needs state={{'model': model, 'optimizer': optimizer, ...}} with the "
                 f"set-up model in it, got {state!r}."
             )
-        path = Path(self.broadcast(str(path)))
-        recover_before_load(path, self.is_global_zero, self.barrier)
+        path = self._path_to_load(path)
         model_key, model = _the_model(state)
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
         read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
@@ -266,8 +183,5 @@ class _GradientSyncControl(_BackwardSyncControl):
         if not enabled:
             yield
             return
-        set_gradient_sync(module, False)
-        try:
+        with gradient_sync_paused(module):
             yield
-        finally:
-            set_gradient_sync(module, True)

@@ -10,7 +10,7 @@ accept exactly the same values with the same messages.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -273,70 +273,6 @@ def mesh_shape(options: ShardingOptions, world_size: int, num_nodes: int) -> tup
             f"Pass device_mesh=(replicas, shard size) with a product of {world_size}."
         )
     return shape
-
-
-def block_classes(policy: Any) -> set[type] | None:
-    """The module classes a policy names, where it is a plain set or a ModuleWrapPolicy."""
-    if isinstance(policy, (set, frozenset, list, tuple)):
-        return set(policy)
-    module_classes = getattr(policy, "_module_classes", None)  # torch.distributed.fsdp.wrap.ModuleWrapPolicy
-    if module_classes is not None:
-        return set(module_classes)
-    keywords = getattr(policy, "keywords", None)  # functools.partial(transformer_auto_wrap_policy, ...)
-    if keywords and "transformer_layer_cls" in keywords:
-        return set(keywords["transformer_layer_cls"])
-    return None
-
-
-def default_blocks(root: nn.Module) -> list[nn.Module]:
-    """Transformer-style repeated blocks: members of a ModuleList/Sequential that share a class.
-
-    Sharding each block (and the root) is what FSDP2 recommends: one all-gather per block,
-    overlapped with the previous block's compute.
-    """
-    blocks: list[nn.Module] = []
-    for container in root.modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)) or len(container) < 2:
-            continue
-        children = [child for child in container if any(True for _ in child.parameters())]
-        kinds = {type(child) for child in children}
-        if len(children) >= 2 and len(kinds) == 1 and not issubclass(kinds.pop(), (nn.Linear, nn.Embedding)):
-            blocks.extend(children)
-    standard = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
-    blocks.extend(module for module in root.modules() if isinstance(module, standard) and module not in blocks)
-    return blocks
-
-
-def selected_modules(
-    root: nn.Module, policy: Any, default: Callable[[nn.Module], list[nn.Module]] | None
-) -> list[nn.Module]:
-    """The submodules of ``root`` (root excluded) a wrap policy selects, outermost first."""
-    if policy is None:
-        chosen: Iterable[nn.Module] = default(root) if default else []
-    elif (classes := block_classes(policy)) is not None:
-        chosen = [module for module in root.modules() if isinstance(module, tuple(classes))]
-    elif hasattr(policy, "_run_policy"):  # other torch.distributed.fsdp.wrap policies (CustomPolicy ...)
-        chosen = list(policy._run_policy(root, set(), {}))
-    else:
-        chosen = _run_callable_policy(root, policy)
-    chosen_ids = {id(module) for module in chosen}
-    return [module for module in root.modules() if id(module) in chosen_ids and module is not root]
-
-
-def _run_callable_policy(root: nn.Module, policy: Callable[..., bool]) -> list[nn.Module]:
-    """FSDP1's callable contract: asked bottom-up with the number of parameters not yet wrapped below."""
-    chosen: list[nn.Module] = []
-
-    def visit(module: nn.Module) -> int:
-        unwrapped = sum(visit(child) for child in module.children())
-        unwrapped += sum(param.numel() for param in module.parameters(recurse=False))
-        if module is not root and policy(module=module, recurse=False, nonwrapped_numel=unwrapped):
-            chosen.append(module)
-            return 0
-        return unwrapped
-
-    visit(root)
-    return chosen
 
 
 def default_dtype_for(precision: str) -> torch.dtype | None:

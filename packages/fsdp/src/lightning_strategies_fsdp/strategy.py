@@ -12,19 +12,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Generator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.distributed import (
-    _distributed_is_initialized,
-    _sync_ddp_if_available,
-)
-from lightning.fabric.utilities.distributed import group as distributed_group
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
@@ -36,27 +31,19 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_strategies import check_choice
-from lightning_strategies.checkpoints import reads_torch_save_files, recover_before_load, remove
+from lightning_strategies.checkpoints import reads_torch_save_files, remove
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
-from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
-from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
+from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
+from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
-from lightning_strategies_fsdp.process_group import ProcessGroupMixin
-from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
-
-if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
 
 # LightningModule methods the Trainer calls instead of forward: FSDP2 must all-gather around them.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
-class FSDP2Strategy(
-    LightningAttributesMixin, OwnPrecisionMixin, ReportFailuresMixin, ProcessGroupMixin, ParallelStrategy
-):
+class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelStrategy):
     """Fully Sharded Data Parallel on ``torch.distributed.fsdp.fully_shard`` (FSDP2).
 
     Accepts Lightning's FSDPStrategy arguments. ``sharding_strategy`` picks the mesh and
@@ -69,6 +56,7 @@ class FSDP2Strategy(
     """
 
     strategy_name = "fsdp"
+    launcher_class = _SubprocessScriptLauncher
 
     def __init__(
         self,
@@ -95,33 +83,9 @@ class FSDP2Strategy(
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
+            accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin=precision_plugin
         )
-        self.options = parse_options(
-            auto_wrap_policy=auto_wrap_policy,
-            activation_checkpointing_policy=activation_checkpointing_policy,
-            cpu_offload=cpu_offload,
-            mixed_precision=mixed_precision,
-            sharding_strategy=sharding_strategy,
-            backward_prefetch=backward_prefetch,
-            forward_prefetch=forward_prefetch,
-            limit_all_gathers=limit_all_gathers,
-            use_orig_params=use_orig_params,
-            param_init_fn=param_init_fn,
-            sync_module_states=sync_module_states,
-            device_mesh=device_mesh,
-            **kwargs,
-        )
-        self.mixed_precision = mixed_precision
-        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
-        self._device_mesh: DeviceMesh | None = None
-        self.num_nodes = 1
+        self._take_arguments(locals())
 
     def _precision_flag(self) -> str:
         return str(self.precision_plugin.precision)
@@ -147,10 +111,6 @@ class FSDP2Strategy(
         return True
 
     @property
-    def process_group_backend(self) -> str | None:
-        return self._process_group_backend
-
-    @property
     def restore_checkpoint_after_setup(self) -> bool:
         # Checkpoints load into the sharded model, so no process ever holds the whole model.
         return True
@@ -158,11 +118,6 @@ class FSDP2Strategy(
     @property
     def lightning_restore_optimizer(self) -> bool:
         return False  # load_checkpoint restores the optimizers, sharded
-
-    def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        if not self.cluster_environment.creates_processes_externally:
-            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     def setup_environment(self) -> None:
         super().setup_environment()
@@ -182,7 +137,7 @@ class FSDP2Strategy(
                 "Remove that wrapping (or call torch.distributed.fsdp.fully_shard in configure_model instead)."
             )
         self.model = self.precision_plugin.convert_module(self.model)
-        shard_model(self.model, self.options, self.device_mesh, self.root_device, self.mixed_precision_config)
+        self._shard(self.model)
         for method in STEP_METHODS:
             _register_step_method(self.model, method)
         self.barrier()
@@ -206,39 +161,17 @@ class FSDP2Strategy(
 
     @contextmanager
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
-        # With empty_init the model is created on the meta device and materialized shard by shard in setup.
-        with torch.device("meta") if empty_init else nullcontext(), self.precision_plugin.tensor_init_context():
+        with self._init_context(empty_init, self.precision_plugin.tensor_init_context()):
             yield
 
     @contextmanager
     def block_backward_sync(self) -> Generator[None, None, None]:
-        """Gradient accumulation: skip the reduce-scatter until the last micro-batch."""
         assert self.model is not None
-        set_gradient_sync(self.model, False)
-        try:
+        with gradient_sync_paused(self.model):
             yield
-        finally:
-            set_gradient_sync(self.model, True)
-
-    def barrier(self, name: str | None = None) -> None:
-        if not _distributed_is_initialized():
-            return
-        if torch.distributed.get_backend() == "nccl":
-            torch.distributed.barrier(device_ids=[self.root_device.index])
-        else:
-            torch.distributed.barrier()
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not _distributed_is_initialized():
-            return obj
-        container = [obj]
-        torch.distributed.broadcast_object_list(container, src, group=distributed_group.WORLD)
-        return container[0]
 
     def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
-        if isinstance(tensor, Tensor):
-            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
-        return tensor
+        return self._reduce(tensor, group, reduce_op)
 
     def teardown(self) -> None:
         assert self.cluster_environment is not None
@@ -248,10 +181,6 @@ class FSDP2Strategy(
         self.accelerator.teardown()
 
     # Checkpoints -------------------------------------------------------------------------------
-
-    @property
-    def _full_state(self) -> bool:
-        return self.state_dict_type == "full"
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         assert self.model is not None
@@ -264,25 +193,15 @@ class FSDP2Strategy(
         return checkpoints.optimizer_state(self.model, optimizer, full=self._full_state)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
-        path = Path(self.broadcast(str(filepath)))  # every process writes under rank 0's path
+        self._refuse_storage_options(storage_options)
+        path = self._agreed_path(filepath)
         if self._full_state:
-            # The full state is gathered on rank 0 already: one file, which rank 0 writes.
-            write = checkpoints.checkpoint_io_writer(self.checkpoint_io, storage_options)
-            with checkpoints.staged_full_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as to:
-                checkpoints.save_full(to, checkpoint, self.global_rank, write)
+            self._save_full(path, checkpoint, storage_options)
             return
-        if storage_options is not None:
-            raise TypeError(
-                f"{STRATEGY}(state_dict_type='sharded') writes checkpoints with torch.distributed.checkpoint, which "
-                "takes no storage_options. Drop storage_options, or save with state_dict_type='full', which writes "
-                "through the CheckpointIO plugin."
-            )
-        checkpoints.warn_if_checkpoint_io_unused(self._checkpoint_io)
-        with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
-            tensors = {"state_dict": checkpoint.pop("state_dict")}
-            for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
-                tensors[f"optimizer_{index}"] = state
-            checkpoints.save_sharded(staged, tensors, checkpoint, self.global_rank)
+        tensors = {"state_dict": checkpoint.pop("state_dict")}
+        for index, state in enumerate(checkpoint.pop(checkpoints.TRAINER_OPTIMIZERS, [])):
+            tensors[f"optimizer_{index}"] = state
+        self._save_sharded(path, tensors, checkpoint)
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if not self.is_global_zero:
@@ -295,8 +214,7 @@ class FSDP2Strategy(
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         assert self.model is not None
         assert self.lightning_module is not None
-        path = Path(self.broadcast(str(checkpoint_path)))
-        recover_before_load(path, self.is_global_zero, self.barrier)
+        path = self._path_to_load(checkpoint_path)
         # Optimizers resume only when fitting; validate/test/predict load the weights (as Lightning's FSDPStrategy).
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}

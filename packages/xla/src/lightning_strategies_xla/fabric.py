@@ -3,12 +3,12 @@
 Subclasses of Lightning's Fabric strategies, so Fabric's connector pairs them with its XLA
 accelerator and precision, with ``torch_xla.device()`` for ``xm.xla_device()``,
 ``torch_xla.sync()`` for ``xm.mark_step()`` and dtype conversion for precision env variables.
-Checkpoints are staged and published in one rename, and checked before they are read.
+Checkpoints are staged and published in one rename, and checked before they are read. What they share with the
+Trainer strategies is in ``body``; this module imports none of the Trainer's.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +21,22 @@ from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
 
-from lightning_strategies import check_type
 from lightning_strategies.checkpoints import (
-    check_checkpoint_file,
     recover_before_load,
     staged_save,
     weights_only_keyword,
 )
-from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
 from lightning_strategies.precision import is_stock_precision
+from lightning_strategies_xla.body import (
+    DebugSwitchMixin,
+    LaunchedDeviceMixin,
+    OneDeviceMixin,
+    OneFileCheckpointsMixin,
+    check_arguments,
+)
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
-from lightning_strategies_xla.strategy import DEBUG_LEVEL, DEBUG_VARIABLE
-from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint, refuse_xla_fsdp_shards
+from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint
 
 
 class XLAPrecision(DtypeConversionMixin, LightningFabricXLAPrecision):
@@ -47,10 +50,9 @@ class XLAPrecision(DtypeConversionMixin, LightningFabricXLAPrecision):
         pass  # nothing was set in os.environ
 
 
-class _CurrentXLAMixin:
+class _CurrentXLAMixin(DebugSwitchMixin):
     """Keeps our precision plugin where Fabric's connector assigns its stock one, and the debug switch."""
 
-    debug: bool
     _precision: Any
 
     @property
@@ -66,22 +68,13 @@ class _CurrentXLAMixin:
             raise TypeError(f"The XLA strategies need an XLA precision plugin, got {type(plugin).__name__}.")
         self._precision = plugin
 
-    def _start_debugging(self) -> None:
-        if self.debug:
-            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
-
-    def teardown(self) -> None:
-        super().teardown()  # type: ignore[misc]
-        if self.debug:
-            os.environ.pop(DEBUG_VARIABLE, None)
+    def setup_environment(self) -> None:
+        self._start_debugging()
+        super().setup_environment()  # type: ignore[misc]
 
 
-class _OneFileCheckpointsMixin:
-    """Checkpoints of one file that rank 0 writes: staged and published in one rename, checked before reading."""
-
-    checkpoint_io: Any
-    is_global_zero: bool
-    barrier: Any
+class _OneFileCheckpointsMixin(OneFileCheckpointsMixin):
+    """Fabric's checkpoint methods over the body's staged writes and checks."""
 
     def save_checkpoint(
         self,
@@ -90,12 +83,8 @@ class _OneFileCheckpointsMixin:
         storage_options: Any | None = None,
         filter: Any | None = None,
     ) -> None:
-        import torch_xla
-
-        torch_xla.sync()  # every rank runs its pending graph before rank 0 writes
-        with staged_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
-            # Lightning's base write (rank 0, through XLACheckpointIO); its XLAStrategy.save_checkpoint
-            # would call the deprecated xm.mark_step first.
+        with self._staged_target(path) as target:
+            # Lightning's base write: rank 0, through XLACheckpointIO.
             Strategy.save_checkpoint(self, target, state, storage_options=storage_options, filter=filter)  # type: ignore[arg-type]
 
     def load_checkpoint(
@@ -105,13 +94,11 @@ class _OneFileCheckpointsMixin:
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        recover_before_load(path, self.is_global_zero, self.barrier)
-        refuse_xla_fsdp_shards(path, type(self).__name__)
-        check_checkpoint_file(path, self.checkpoint_io, type(self).__name__)
+        self._check_before_load(path)
         return super().load_checkpoint(path, state, strict=strict, **weights_only_keyword(weights_only))  # type: ignore[misc]
 
 
-class XLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
+class XLAStrategy(LaunchedDeviceMixin, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
     """Fabric's data parallel over every XLA device, one process per device (``debug``, ``sync_module_states``)."""
 
     def __init__(
@@ -124,34 +111,14 @@ class XLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrate
         sync_module_states: bool = True,
         **kwargs: Any,
     ) -> None:
-        import_torch_xla()
-        check_type("XLAStrategy", "debug", debug, bool)
-        check_type("XLAStrategy", "sync_module_states", sync_module_states, bool)
-        if kwargs:
-            raise TypeError(f"XLAStrategy got unexpected arguments {sorted(kwargs)}; see help(XLAStrategy).")
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-            sync_module_states=sync_module_states,
-        )
+        check_arguments("XLAStrategy", debug, sync_module_states, **kwargs)
+        super().__init__(accelerator, parallel_devices, checkpoint_io, precision, sync_module_states=sync_module_states)
         self.debug = debug
 
-    @property
-    def root_device(self) -> torch.device:
-        if not self._launched:
-            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
-        import torch_xla
 
-        return torch_xla.device()
-
-    def setup_environment(self) -> None:
-        self._start_debugging()
-        super().setup_environment()
-
-
-class SingleDeviceXLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(
+    OneDeviceMixin, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy
+):
     """Fabric on one XLA device; ``device`` is an index (None: the first)."""
 
     def __init__(
@@ -162,34 +129,12 @@ class SingleDeviceXLAStrategy(_OneFileCheckpointsMixin, _CurrentXLAMixin, Lightn
         precision: XLAPrecision | None = None,
         debug: bool = False,
     ) -> None:
-        import_torch_xla()
-        check_type("SingleDeviceXLAStrategy", "debug", debug, bool)
-        self._device_index = device.index if isinstance(device, torch.device) else device
-        # Lightning's __init__ resolves the device with the deprecated xm.xla_device(); see root_device.
-        SingleDeviceStrategy.__init__(
-            self,
-            device=torch.device("xla", self._device_index or 0),
-            accelerator=accelerator,
-            checkpoint_io=checkpoint_io,
-            precision=precision,
-        )
+        check_arguments("SingleDeviceXLAStrategy", debug)
+        SingleDeviceStrategy.__init__(self, self._placeholder_device(device), accelerator, checkpoint_io, precision)
         self.debug = debug
-        self._xla_device: torch.device | None = None
-
-    @property
-    def root_device(self) -> torch.device:
-        if self._xla_device is None:
-            import torch_xla
-
-            self._xla_device = torch_xla.device(self._device_index)
-        return self._xla_device
-
-    def setup_environment(self) -> None:
-        self._start_debugging()
-        super().setup_environment()
 
 
-class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
+class XLAFSDPStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAFSDPStrategy):
     """torch_xla's fully sharded data parallel in Fabric; keyword arguments go to ``XlaFullyShardedDataParallel``.
 
     Takes Lightning's parameters (``auto_wrap_policy``, ``activation_checkpointing_policy``,
@@ -197,14 +142,6 @@ class XLAFSDPStrategy(_CurrentXLAMixin, LightningXLAFSDPStrategy):
     """
 
     debug = False
-
-    @property
-    def root_device(self) -> torch.device:
-        if not self._launched:
-            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
-        import torch_xla
-
-        return torch_xla.device()
 
     def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
         import torch_xla

@@ -5,7 +5,8 @@ accelerator and precision, and replace what torch_xla 2.9 deprecates or ignores:
 ``xm.xla_device()`` -> ``torch_xla.device()``, ``xm.mark_step()`` -> ``torch_xla.sync()``,
 ``PT_XLA_DEBUG`` -> ``PT_XLA_DEBUG_LEVEL``, and precision through env variables -> dtype conversion.
 Checkpoints go through Lightning's ``XLACheckpointIO`` (tensors moved to CPU, written by rank 0),
-staged and published in one rename, and are checked before they are read.
+staged and published in one rename, and are checked before they are read. What they share with the
+Fabric strategies is in ``body``.
 """
 
 from __future__ import annotations
@@ -22,30 +23,23 @@ from lightning.pytorch.strategies.single_xla import (
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
-from lightning_strategies import check_type
-from lightning_strategies.checkpoints import (
-    check_checkpoint_file,
-    check_trainer_checkpoint,
-    recover_before_load,
-    remove_checkpoint_path,
-    weights_only_keyword,
-)
-from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
+from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
 from lightning_strategies.precision import OwnPrecisionMixin
-from lightning_strategies_xla.devices import import_torch_xla
+from lightning_strategies_xla.body import (
+    DEBUG_LEVEL,
+    DEBUG_VARIABLE,
+    DebugSwitchMixin,
+    LaunchedDeviceMixin,
+    OneDeviceMixin,
+    OneFileCheckpointsMixin,
+    check_arguments,
+)
 from lightning_strategies_xla.dtypes import forget_stock_environment
 from lightning_strategies_xla.precision import XLAPrecision
-from lightning_strategies_xla.xla_fsdp_checkpoint import refuse_xla_fsdp_shards
-
-# torch_xla 2.9 reads PT_XLA_DEBUG_LEVEL; the older PT_XLA_DEBUG is only looked at on import.
-DEBUG_VARIABLE = "PT_XLA_DEBUG_LEVEL"
-DEBUG_LEVEL = "2"  # the most detailed analysis: why each graph compiled and executed
 
 
-class _CurrentXLAMixin(OwnPrecisionMixin):
+class _CurrentXLAMixin(OneFileCheckpointsMixin, DebugSwitchMixin, OwnPrecisionMixin):
     """What both strategies change in Lightning's: the precision plugin, the debug switch and checkpoints."""
-
-    debug: bool
 
     def own_precision_plugin(self, precision: str) -> XLAPrecision:
         forget_stock_environment()
@@ -61,22 +55,9 @@ class _CurrentXLAMixin(OwnPrecisionMixin):
         finally:
             self.debug = requested
 
-    def teardown(self) -> None:
-        super().teardown()  # type: ignore[misc]
-        if self.debug:
-            os.environ.pop(DEBUG_VARIABLE, None)
-
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
-        """Rank 0 writes the checkpoint beside ``filepath``; it is renamed into place once every rank is
-        done, so a crash mid-save leaves the previous checkpoint under the name (core's ``staged_save``)."""
-        import torch_xla
-
-        # Every rank runs its pending graph first: the weights are current and no rank waits in a
-        # collective the others skipped.
-        torch_xla.sync()
-        with staged_checkpoint(filepath, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
-            # Lightning's base write (rank 0, through XLACheckpointIO); its XLAStrategy.save_checkpoint
-            # would call the deprecated xm.mark_step first.
+        with self._staged_target(filepath) as target:
+            # Lightning's base write: rank 0, through XLACheckpointIO.
             Strategy.save_checkpoint(self, checkpoint, target, storage_options=storage_options)  # type: ignore[arg-type]
 
     def remove_checkpoint(self, filepath: _PATH) -> None:
@@ -86,17 +67,13 @@ class _CurrentXLAMixin(OwnPrecisionMixin):
             remove_checkpoint_path(filepath, self.checkpoint_io)
 
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        """Check the file before Lightning reads it: a folder (another strategy's, named with its
-        conversion), or a missing, empty or truncated file, ends in a CheckpointError."""
-        recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
-        refuse_xla_fsdp_shards(checkpoint_path, type(self).__name__)
-        check_checkpoint_file(checkpoint_path, self.checkpoint_io, type(self).__name__)
+        self._check_before_load(checkpoint_path)
         checkpoint = super().load_checkpoint(checkpoint_path, **weights_only_keyword(weights_only))  # type: ignore[misc]
         check_trainer_checkpoint(checkpoint, checkpoint_path)
         return checkpoint
 
 
-class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
+class XLAStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAStrategy):
     """Data parallel over every XLA device of the host (and of the slice), one process per device.
 
     Args:
@@ -116,11 +93,7 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
         sync_module_states: bool = True,
         **kwargs: Any,
     ) -> None:
-        import_torch_xla()
-        check_type("XLAStrategy", "debug", debug, bool)
-        check_type("XLAStrategy", "sync_module_states", sync_module_states, bool)
-        if kwargs:
-            raise TypeError(f"XLAStrategy got unexpected arguments {sorted(kwargs)}; see help(XLAStrategy).")
+        check_arguments("XLAStrategy", debug, sync_module_states, **kwargs)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -130,16 +103,8 @@ class XLAStrategy(_CurrentXLAMixin, LightningXLAStrategy):
             sync_module_states=sync_module_states,
         )
 
-    @property
-    def root_device(self) -> torch.device:
-        if not self._launched:
-            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
-        import torch_xla
 
-        return torch_xla.device()
-
-
-class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(OneDeviceMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
     """One XLA device in the Trainer's own process (a TPU core, or PJRT's CPU device).
 
     Args:
@@ -157,29 +122,11 @@ class SingleDeviceXLAStrategy(_CurrentXLAMixin, LightningSingleDeviceXLAStrategy
         precision_plugin: XLAPrecision | None = None,
         debug: bool = False,
     ) -> None:
-        import_torch_xla()
-        check_type("SingleDeviceXLAStrategy", "debug", debug, bool)
-        self._device_index = _device_index(device)
-        # Lightning's SingleDeviceXLAStrategy.__init__ creates the device with the deprecated
-        # xm.xla_device() at construction; its base takes a placeholder, resolved in root_device.
-        SingleDeviceStrategy.__init__(
-            self,
-            device=torch.device("xla", self._device_index or 0),
-            accelerator=accelerator,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-        )
+        check_arguments("SingleDeviceXLAStrategy", debug)
+        placeholder = self._placeholder_device(device)
+        SingleDeviceStrategy.__init__(self, placeholder, accelerator, checkpoint_io, precision_plugin=precision_plugin)
         self._own_precision_given = precision_plugin is not None
         self.debug = debug
-        self._xla_device: torch.device | None = None
-
-    @property
-    def root_device(self) -> torch.device:
-        if self._xla_device is None:
-            import torch_xla
-
-            self._xla_device = torch_xla.device(self._device_index)
-        return self._xla_device
 
 
 class XLAFSDPStrategy:
@@ -195,13 +142,3 @@ class XLAFSDPStrategy:
             "strategy. Use Fabric(strategy='xla_fsdp', accelerator=...) for sharded XLA training, or "
             "Trainer(strategy='xla') for data parallel training on XLA devices."
         )
-
-
-def _device_index(device: int | torch.device | None) -> int | None:
-    if device is None or (isinstance(device, int) and not isinstance(device, bool)):
-        return device
-    if isinstance(device, torch.device) and device.type == "xla":
-        return device.index
-    raise TypeError(
-        f"SingleDeviceXLAStrategy(device={device!r}) must be an XLA device index or torch.device('xla', i)."
-    )

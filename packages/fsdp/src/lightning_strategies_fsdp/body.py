@@ -1,0 +1,156 @@
+"""The one body of the Trainer and the Fabric FSDP2 strategies: options, process group, collectives and checkpoint
+writing, written once. ``strategy.py`` and ``fabric.py`` are thin faces over it that keep Lightning's two method
+names and signatures. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free of Trainer modules.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Generator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from lightning.fabric.utilities.distributed import _distributed_is_initialized, _sync_ddp_if_available
+from lightning.fabric.utilities.distributed import group as distributed_group
+from torch import Tensor, nn
+
+from lightning_strategies import check_choice
+from lightning_strategies.checkpoints import recover_before_load
+from lightning_strategies_fsdp import checkpoint as checkpoints
+from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
+from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
+from lightning_strategies_fsdp.process_group import ProcessGroupMixin
+from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# The constructor parameters parse_options maps onto FSDP2; the rest of **kwargs goes to fully_shard.
+SHARDING_PARAMETERS = tuple(
+    name
+    for name, parameter in inspect.signature(parse_options).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+class FSDP2Body(LightningAttributesMixin, ProcessGroupMixin):
+    """Everything the Trainer and the Fabric strategy do alike; mixed in before Lightning's base class."""
+
+    # Each face's own launcher class: the Trainer's and Fabric's are distinct classes of the same name.
+    launcher_class: ClassVar[type]
+    checkpoint_io: Any
+    is_global_zero: bool
+    _checkpoint_io: Any
+    _launcher: Any
+
+    def _take_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """The constructor's work after Lightning's base ``__init__``. ``arguments`` is the face's ``locals()``:
+        read by name, so both faces keep explicit signatures (LightningCLI and ``info`` read them) without writing
+        the forwarding twice; tests/test_trainer_fabric_agree.py holds the two signatures equal."""
+        sharding = {name: arguments[name] for name in SHARDING_PARAMETERS}
+        self.options = parse_options(**sharding, **arguments["kwargs"])
+        self.mixed_precision = arguments["mixed_precision"]
+        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", arguments["state_dict_type"], STATE_DICT_TYPES)
+        self._process_group_backend = arguments["process_group_backend"]
+        self._timeout = arguments["timeout"]
+        self._device_mesh: DeviceMesh | None = None
+        self._num_nodes = 1
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def process_group_backend(self) -> str | None:
+        return self._process_group_backend
+
+    def _configure_launcher(self) -> None:
+        assert self.cluster_environment is not None
+        if not self.cluster_environment.creates_processes_externally:
+            self._launcher = self.launcher_class(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    def _shard(self, module: nn.Module) -> nn.Module:
+        return shard_model(module, self.options, self.device_mesh, self.root_device, self.mixed_precision_config)
+
+    def _init_context(self, empty_init: bool | None, precision_context: AbstractContextManager) -> ExitStack:
+        """With ``empty_init`` the model is created on the meta device and materialized shard by shard when it
+        is sharded."""
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(torch.device("meta"))
+        stack.enter_context(precision_context)
+        return stack
+
+    # Collectives ------------------------------------------------------------------------------
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        if not _distributed_is_initialized():
+            return
+        if torch.distributed.get_backend() == "nccl":
+            torch.distributed.barrier(device_ids=[self.root_device.index])
+        else:
+            torch.distributed.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed_is_initialized():
+            return obj
+        container = [obj]
+        torch.distributed.broadcast_object_list(container, src, group=distributed_group.WORLD)
+        return container[0]
+
+    def _reduce(self, tensor: Tensor | Any, group: Any | None, reduce_op: Any) -> Tensor:
+        if isinstance(tensor, Tensor):
+            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
+        return tensor
+
+    # Checkpoints -------------------------------------------------------------------------------
+
+    @property
+    def _full_state(self) -> bool:
+        return self.state_dict_type == "full"
+
+    def _agreed_path(self, path: Any) -> Path:
+        """Rank 0's path, which every process reads and writes under."""
+        return Path(self.broadcast(str(path)))
+
+    def _refuse_storage_options(self, storage_options: Any) -> None:
+        if storage_options is not None and not self._full_state:
+            raise TypeError(
+                f"{STRATEGY}(state_dict_type='sharded') writes checkpoints with torch.distributed.checkpoint, which "
+                "takes no storage_options. Drop storage_options, or save with state_dict_type='full', which writes "
+                "through the CheckpointIO plugin."
+            )
+
+    def _save_full(self, path: Path, state: dict[str, Any], storage_options: Any) -> None:
+        """One file through the CheckpointIO plugin: the full state is gathered on rank 0 already, which writes it."""
+        write = checkpoints.checkpoint_io_writer(self.checkpoint_io, storage_options)
+        with checkpoints.staged_full_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as to:
+            checkpoints.save_full(to, state, self.global_rank, write)
+
+    def _save_sharded(self, path: Path, tensors: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """A DCP folder, one shard per process."""
+        checkpoints.warn_if_checkpoint_io_unused(self._checkpoint_io)
+        with checkpoints.staged_checkpoint(path, self.is_global_zero, self.barrier) as staged:
+            checkpoints.save_sharded(staged, tensors, metadata, self.global_rank)
+
+    def _path_to_load(self, path: Any) -> Path:
+        """Rank 0's path, with a save that a crash interrupted completed or rolled back first."""
+        agreed = self._agreed_path(path)
+        recover_before_load(agreed, self.is_global_zero, self.barrier)
+        return agreed
+
+
+@contextmanager
+def gradient_sync_paused(module: nn.Module) -> Generator[None, None, None]:
+    """Gradient accumulation: skip the reduce-scatter until the last micro-batch."""
+    set_gradient_sync(module, False)
+    try:
+        yield
+    finally:
+        set_gradient_sync(module, True)

@@ -1,0 +1,123 @@
+"""The one body of the Trainer and the Fabric XLA strategies: argument checks, the XLA device, the debug switch and
+the checkpoint steps they take alike. ``strategy.py`` and ``fabric.py`` are thin faces over it, each on Lightning's
+base classes of its entry point. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free of
+Trainer modules.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.types import _PATH
+
+from lightning_strategies import check_type
+from lightning_strategies.checkpoints import check_checkpoint_file, recover_before_load
+from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
+from lightning_strategies_xla.devices import import_torch_xla
+from lightning_strategies_xla.xla_fsdp_checkpoint import refuse_xla_fsdp_shards
+
+# torch_xla 2.9 reads PT_XLA_DEBUG_LEVEL; the older PT_XLA_DEBUG is only looked at on import.
+DEBUG_VARIABLE = "PT_XLA_DEBUG_LEVEL"
+DEBUG_LEVEL = "2"  # the most detailed analysis: why each graph compiled and executed
+
+
+def check_arguments(strategy: str, debug: bool, sync_module_states: bool | None = None, **kwargs: Any) -> None:
+    """What every constructor checks first: torch_xla is there, and the flags are what they say."""
+    import_torch_xla()
+    check_type(strategy, "debug", debug, bool)
+    if sync_module_states is not None:
+        check_type(strategy, "sync_module_states", sync_module_states, bool)
+    if kwargs:
+        raise TypeError(f"{strategy} got unexpected arguments {sorted(kwargs)}; see help({strategy}).")
+
+
+def device_index(device: int | torch.device | None) -> int | None:
+    """The XLA device index of a ``device`` argument (None: the first device)."""
+    if device is None or (isinstance(device, int) and not isinstance(device, bool)):
+        return device
+    if isinstance(device, torch.device) and device.type == "xla":
+        return device.index
+    raise TypeError(
+        f"SingleDeviceXLAStrategy(device={device!r}) must be an XLA device index or torch.device('xla', i)."
+    )
+
+
+class DebugSwitchMixin:
+    """``debug=True`` sets torch_xla 2.9's debug level while the strategy runs, and takes it back at teardown."""
+
+    debug: bool
+
+    def _start_debugging(self) -> None:
+        if self.debug:
+            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
+
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        if self.debug:
+            os.environ.pop(DEBUG_VARIABLE, None)
+
+
+class LaunchedDeviceMixin:
+    """One process per XLA device: the device is the launched process's own."""
+
+    _launched: bool
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._launched:
+            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+        import torch_xla
+
+        return torch_xla.device()
+
+
+class OneDeviceMixin:
+    """One XLA device in this process, created when first asked for. Lightning's single-device strategies create it
+    with the deprecated ``xm.xla_device()`` at construction; their base takes a placeholder instead."""
+
+    _device_index: int | None
+    _xla_device: torch.device | None = None
+
+    def _placeholder_device(self, device: int | torch.device | None) -> torch.device:
+        self._device_index = device_index(device)
+        return torch.device("xla", self._device_index or 0)
+
+    @property
+    def root_device(self) -> torch.device:
+        if self._xla_device is None:
+            import torch_xla
+
+            self._xla_device = torch_xla.device(self._device_index)
+        return self._xla_device
+
+
+class OneFileCheckpointsMixin:
+    """Checkpoints of one file that rank 0 writes through the CheckpointIO plugin: staged and published in one rename,
+    checked before they are read."""
+
+    checkpoint_io: Any
+    is_global_zero: bool
+    barrier: Any
+
+    @contextmanager
+    def _staged_target(self, path: _PATH) -> Generator[Any, None, None]:
+        """Where rank 0 writes; renamed into place once every rank is done, so a crash mid-save leaves the previous
+        checkpoint under the name."""
+        import torch_xla
+
+        # Every rank runs its pending graph first: the weights are current and no rank waits in a collective the
+        # others skipped. (Lightning's XLAStrategy.save_checkpoint would call the deprecated xm.mark_step.)
+        torch_xla.sync()
+        with staged_checkpoint(path, self.checkpoint_io, self.is_global_zero, self.barrier) as target:
+            yield target
+
+    def _check_before_load(self, path: _PATH) -> None:
+        """A folder (another strategy's, named with its conversion), or a missing, empty or truncated file, ends in
+        a CheckpointError before Lightning reads it."""
+        recover_before_load(path, self.is_global_zero, self.barrier)
+        refuse_xla_fsdp_shards(path, type(self).__name__)
+        check_checkpoint_file(path, self.checkpoint_io, type(self).__name__)

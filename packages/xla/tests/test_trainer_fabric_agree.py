@@ -1,0 +1,66 @@
+"""Each Trainer strategy and its Fabric twin are two faces of one body (body.py): their constructors agree, and the
+Fabric module imports none of the Trainer's. Neither needs torch_xla: nothing is constructed."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lightning_strategies_xla import body, fabric, strategy
+
+# Lightning calls the precision plugin ``precision_plugin`` in the Trainer and ``precision`` in Fabric, and each
+# entry point has its own XLAPrecision class.
+ENTRY_POINT_SPECIFIC = {"precision_plugin", "precision"}
+
+
+def shared_parameters(cls: type) -> list[tuple[str, object, object, object]]:
+    """Name, kind, default and annotation (as written) of each parameter but the entry point's own, in order."""
+    signature = inspect.signature(cls.__init__)
+    return [
+        (name, parameter.kind, parameter.default, parameter.annotation)
+        for name, parameter in signature.parameters.items()
+        if name not in ENTRY_POINT_SPECIFIC
+    ]
+
+
+@pytest.mark.parametrize("name", ["XLAStrategy", "SingleDeviceXLAStrategy"])
+def test_trainer_and_fabric_constructors_agree(name: str) -> None:
+    trainer_class, fabric_class = getattr(strategy, name), getattr(fabric, name)
+    assert shared_parameters(trainer_class) == shared_parameters(fabric_class)
+    assert len(shared_parameters(trainer_class)) >= 5  # self, the devices, debug: not an empty comparison
+    trainer_names = list(inspect.signature(trainer_class.__init__).parameters)
+    fabric_names = list(inspect.signature(fabric_class.__init__).parameters)
+    assert trainer_names.index("precision_plugin") == fabric_names.index("precision")
+
+
+def test_fabric_module_imports_no_trainer_module() -> None:
+    """``import lightning.fabric`` itself imports lightning.pytorch (lightning/__init__.py imports the Trainer), so
+    what a Fabric program can be spared is this package's Trainer modules: the strategies, the Trainer's precision
+    plugin and accelerator."""
+    code = (
+        "import json, sys, lightning_strategies_xla.fabric\n"
+        "print(json.dumps([name for name in sys.modules if name.startswith('lightning_strategies_xla')]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert {"lightning_strategies_xla.fabric", "lightning_strategies_xla.body"} <= loaded
+    trainer_modules = {f"lightning_strategies_xla.{name}" for name in ("strategy", "precision", "accelerator")}
+    assert not loaded & trainer_modules
+
+
+@pytest.mark.parametrize(("device", "index"), [(None, None), (0, 0), (3, 3), (torch.device("xla", 2), 2)])
+def test_both_single_device_faces_read_the_device_alike(device: object, index: int | None) -> None:
+    assert body.device_index(device) == index  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device", [torch.device("cpu"), True, "xla:0"])
+def test_both_single_device_faces_refuse_a_device_that_is_not_xla(device: object) -> None:
+    """Fabric's face took any torch.device's index before; both now refuse, naming what they take."""
+    with pytest.raises(TypeError, match=r"must be an XLA device index or torch.device\('xla', i\)"):
+        body.device_index(device)  # type: ignore[arg-type]
