@@ -18,6 +18,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
+from lightning_strategies_fsdp.clipping import clip_grad_norm_
 from lightning_strategies_fsdp.options import STRATEGY
 
 
@@ -175,6 +176,18 @@ def _the_model(state: dict[str, Any]) -> tuple[str, Module]:
             f"state keys {sorted(state)}."
         )
     return models[0]
+
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float | int,
+        norm_type: float | int = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Clips through clipping.py: torch's reduction fails for CPU-offloaded shards on a CUDA mesh."""
+        self.precision.unscale_gradients(optimizer)
+        return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
 
 
 class _GradientSyncControl(_BackwardSyncControl):

@@ -23,7 +23,6 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 from lightning.pytorch.strategies.fsdp import FSDPStrategy as LightningFSDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.strategies.parallel import ParallelStrategy
@@ -37,7 +36,12 @@ from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.options import STRATEGY
-from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
+from lightning_strategies_fsdp.precision import (
+    FSDP2BF16MixedPrecision,
+    FSDP2HalfPrecision,
+    FSDP2MixedPrecision,
+    FSDP2Precision,
+)
 
 # LightningModule methods the Trainer calls instead of forward: FSDP2 must all-gather around them.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -99,11 +103,11 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         if precision == "bf16-mixed":
             return FSDP2BF16MixedPrecision(device)
         if precision == "16-mixed":
-            return MixedPrecision("16-mixed", device)
+            return FSDP2MixedPrecision("16-mixed", device)
         if precision in ("16-true", "bf16-true"):
-            return HalfPrecision(precision)  # type: ignore[arg-type]
+            return FSDP2HalfPrecision(precision)  # type: ignore[arg-type]
         if precision == "32-true":
-            return Precision()
+            return FSDP2Precision()
         return None  # a flag FSDP2 has no plugin of its own for: Lightning's
 
     @property
