@@ -121,6 +121,7 @@ def perform(run: dict, folder: Path) -> dict:
     from deepspeed.accelerator import get_accelerator
 
     steps = run.get("steps", 10)
+    folder.mkdir(parents=True, exist_ok=True)
     trainer, model, norms = fit(run, str(folder), steps)
     first, last = sum(model.losses[:3]) / 3, sum(model.losses[-3:]) / 3
     result = {"first_loss": first, "last_loss": last, "finite": all(map(math.isfinite, model.losses)),
@@ -140,8 +141,8 @@ def perform(run: dict, folder: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, precision, steps, accelerator, "
-                        "clip, resume, config_optimizer")  # fmt: skip
+    parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, precision, steps, "
+                        "accelerator, clip, resume, config_optimizer")  # fmt: skip
     parser.add_argument("--folder", required=True, help="NVMe offload and checkpoints go below it")
     parser.add_argument("--out", required=True, help="JSON results, one per run, written after each run")
     arguments = parser.parse_args()

@@ -262,6 +262,11 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     def _initialize_for_evaluation(self, model: torch.nn.Module) -> None:
         deepspeed = import_deepspeed(self.root_device.type)
+        if self.zero_stage_3 and any(hasattr(parameter, "ds_id") for parameter in model.parameters()):
+            # Partitioned by an earlier fit, whose teardown moved the module to the CPU: that moved only
+            # the empty placeholders ZeRO-3 gathers into, and trainer.test then found its gathered weights
+            # on the CPU beside CUDA inputs (two H200s, 2026-11-22). The partitions stay where they are.
+            model.to(self.root_device)
         config = {key: self.config[key] for key in ("fp16", "bf16", "zero_optimization") if key in self.config}
         if not self.zero_stage_3:
             config.pop("zero_optimization", None)  # nothing to partition without an optimizer

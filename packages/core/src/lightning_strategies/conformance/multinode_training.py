@@ -151,12 +151,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def training_precision(supported: tuple[str, ...] | None) -> str:
-    """Full precision where the strategy has it, else bf16-mixed (no loss scale to carry across the
-    resume), else the first it declares. Gemini trains only in 16-mixed or bf16-mixed and refused
-    32-true on the two-GPU machine."""
-    if not supported:
-        return "32-true"
-    return next((flag for flag in ("32-true", "bf16-mixed") if flag in supported), supported[0])
+    """Full precision where the strategy has it, else the first flag it declares: Gemini trains only
+    in 16-mixed or bf16-mixed, and refuses bf16 with its default placement."""
+    return "32-true" if not supported or "32-true" in supported else supported[0]
 
 
 if __name__ == "__main__":
