@@ -22,7 +22,7 @@ from lightning.pytorch.loops.utilities import _no_grad_context
 from lightning.pytorch.plugins.precision import HalfPrecision, Precision
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
-from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision
+from lightning_strategies_fsdp.precision import FSDP2BF16MixedPrecision, FSDP2HalfPrecision, FSDP2Precision
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
 
 SCRIPT = Path(__file__).parent / "scripts" / "lightning_checks.py"
@@ -78,13 +78,14 @@ def test_fabric_sets_up_a_meta_device_model_with_its_optimizer(checks: dict[str,
 
 @pytest.mark.parametrize(
     ("flag", "plugin"),
-    [("32-true", Precision), ("bf16-true", HalfPrecision), ("bf16-mixed", FSDP2BF16MixedPrecision)],
+    [("32-true", FSDP2Precision), ("bf16-true", FSDP2HalfPrecision), ("bf16-mixed", FSDP2BF16MixedPrecision)],
 )
 def test_connector_precision_branch_gives_fsdp2_plugins(flag: str, plugin: type) -> None:
     """connectors/accelerator_connector.py: Lightning's FSDP branch builds FSDP1's FSDPPrecision (which refuses
-    gradient clipping by norm); ours turns it into the plugin that serves FSDP2."""
+    gradient clipping by norm); ours turns it into the plugin that serves FSDP2, which clips shard by shard."""
     trainer = _trainer(precision=flag)
     assert type(trainer.strategy.precision_plugin) is plugin
+    assert isinstance(trainer.strategy.precision_plugin, (Precision, HalfPrecision))
     assert trainer._accelerator_connector.is_distributed
 
 
