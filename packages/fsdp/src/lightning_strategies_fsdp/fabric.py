@@ -23,7 +23,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from lightning_strategies import check_choice
-from lightning_strategies.checkpoints import recover_before_load
+from lightning_strategies.checkpoints import load_file, recover_before_load
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
@@ -208,8 +208,14 @@ class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelS
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
+        if isinstance(state, Optimizer):
+            # Its state is sharded as the model's parameters are: it loads only beside its model.
+            raise NotImplementedError(
+                f"{STRATEGY}.load_checkpoint of an optimizer alone is not supported. Load it with its model: "
+                "fabric.load(path, {'model': model, 'optimizer': optimizer})."
+            )
         if isinstance(state, Module):
-            state = {"model": state}
+            return self._load_raw_module(Path(self.broadcast(str(path))), state, strict, weights_only)
         if not isinstance(state, dict) or not state:
             raise ValueError(
                 f"{STRATEGY}.load_checkpoint needs state={{'model': model, 'optimizer': optimizer, ...}} with the "
@@ -231,6 +237,18 @@ class FSDP2FabricStrategy(LightningAttributesMixin, ProcessGroupMixin, ParallelS
             else:
                 state[key] = rest.pop(key)
         return rest
+
+    def _load_raw_module(self, path: Path, module: Module, strict: bool, weights_only: bool | None) -> dict[str, Any]:
+        """fabric.load_raw: one file holding the module's full state dict, as torch.save(model.state_dict()) writes."""
+        if not path.is_file():
+            raise ValueError(
+                f"{STRATEGY}: fabric.load_raw reads one file holding the model's full state dict, and {path} is not a "
+                "file. Pass that file, or load a checkpoint folder with fabric.load(path, {'model': model})."
+            )
+        read = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
+        state_dict = read(path) if read is not None else load_file(path, weights_only, mmap=True, map_location="cpu")
+        checkpoints.load_full_state(path, {"model": state_dict}, module, "model", {}, strict=strict)
+        return {}
 
 
 def _check_rebindable(optimizer: Optimizer, names: dict[Any, str]) -> None:
