@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,11 @@ def _environ() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
 
 
+def test_the_timeout_reaches_the_process_group(sharded_checks: dict[str, Any]) -> None:
+    """pytorch:: and fabric::test_set_timeout (the Trainer strategy joins the group through the same mixin)"""
+    assert sharded_checks["process_group_timeout"] == 77
+
+
 def test_checkpoint_state_with_two_models_is_refused(sharded_checks: dict[str, Any]) -> None:
     """fabric::test_save_checkpoint_one_fsdp_module_required, fabric::test_load_checkpoint_one_fsdp_module_required
     (several models)"""
@@ -220,8 +226,10 @@ def _run_sharded_checks(folder: Path) -> None:
             return f"{type(error).__name__}: {error}"
         return "no error"
 
-    fabric = Fabric(accelerator="cpu", devices=1, strategy=FSDP2FabricStrategy())
+    fabric = Fabric(accelerator="cpu", devices=1, strategy=FSDP2FabricStrategy(timeout=timedelta(seconds=77)))
     fabric.launch()
+    world = torch.distributed.distributed_c10d._get_default_group()
+    results["process_group_timeout"] = world._get_backend(torch.device("cpu")).options._timeout.total_seconds()
     fabric.seed_everything(5)
     strategy = fabric.strategy
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
