@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_strategies.checkpoints import load_file
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
@@ -120,6 +122,18 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         else:
             self._save_sharded(path, tensors, metadata)
 
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float | int,
+        norm_type: float | int = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Clips through clipping.py: torch's reduction fails for CPU-offloaded shards on a CUDA mesh."""
+        self.precision.unscale_gradients(optimizer)
+        return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
+
     def load_checkpoint(
         self,
         path: Any,
@@ -127,8 +141,14 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         strict: bool = True,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
+        if isinstance(state, Optimizer):
+            # Its state is sharded as the model's parameters are: it loads only beside its model.
+            raise NotImplementedError(
+                f"{STRATEGY}.load_checkpoint of an optimizer alone is not supported. Load it with its model: "
+                "fabric.load(path, {'model': model, 'optimizer': optimizer})."
+            )
         if isinstance(state, Module):
-            state = {"model": state}
+            return self._load_raw_module(Path(self.broadcast(str(path))), state, strict, weights_only)
         if not isinstance(state, dict) or not state:
             raise ValueError(
                 f"{STRATEGY}.load_checkpoint needs state={{'model': model, 'optimizer': optimizer, ...}} with the "
@@ -149,6 +169,18 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
             else:
                 state[key] = rest.pop(key)
         return rest
+
+    def _load_raw_module(self, path: Path, module: Module, strict: bool, weights_only: bool | None) -> dict[str, Any]:
+        """fabric.load_raw: one file holding the module's full state dict, as torch.save(model.state_dict()) writes."""
+        if not path.is_file():
+            raise ValueError(
+                f"{STRATEGY}: fabric.load_raw reads one file holding the model's full state dict, and {path} is not a "
+                "file. Pass that file, or load a checkpoint folder with fabric.load(path, {'model': model})."
+            )
+        read = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
+        state_dict = read(path) if read is not None else load_file(path, weights_only, mmap=True, map_location="cpu")
+        checkpoints.load_full_state(path, {"model": state_dict}, module, "model", {}, strict=strict)
+        return {}
 
 
 def _check_rebindable(optimizer: Optimizer, names: dict[Any, str]) -> None:
@@ -176,18 +208,6 @@ def _the_model(state: dict[str, Any]) -> tuple[str, Module]:
             f"state keys {sorted(state)}."
         )
     return models[0]
-
-    def clip_gradients_norm(
-        self,
-        module: Module,
-        optimizer: Optimizer,
-        max_norm: float | int,
-        norm_type: float | int = 2.0,
-        error_if_nonfinite: bool = True,
-    ) -> Tensor:
-        """Clips through clipping.py: torch's reduction fails for CPU-offloaded shards on a CUDA mesh."""
-        self.precision.unscale_gradients(optimizer)
-        return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
 
 
 class _GradientSyncControl(_BackwardSyncControl):
