@@ -204,6 +204,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         optimizer = None
         scheduler_configs: list[LRSchedulerConfig] = []
         if "optimizer" not in self.config:
+            assert self.lightning_module is not None
             optimizers, scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
             if len(optimizers) != 1 or len(scheduler_configs) > 1:
                 raise ValueError(
@@ -314,6 +315,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         if self.load_full_weights:
             return self._load_full_weights_file(checkpoint_path, weights_only)
         location, layout = checkpoints.inspect(checkpoint_path, weights_only)
+        assert self.lightning_module is not None and self.model is not None
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not fitting and not location.universal and (self.zero_stage_3 or layout.parameter_ranks):
             # The evaluation engine has no ZeRO optimizer for DeepSpeed to load ZeRO-3 shards into (its
@@ -346,13 +348,14 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             return  # the engine already loaded its shards in load_checkpoint
         self._full_weights_pending = False
         state_dict = checkpoint["state_dict"]
+        assert self.lightning_module is not None
         if self.zero_stage_3:
             checkpoints.load_into_partitioned_module(self.lightning_module, state_dict, strict, self.is_global_zero)
         else:
             self.lightning_module.load_state_dict(state_dict, strict=strict)
-        optimizer = getattr(self.model, "optimizer", None)
-        if hasattr(optimizer, "refresh_fp32_params"):
-            optimizer.refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
+        refresh_fp32_params = getattr(getattr(self.model, "optimizer", None), "refresh_fp32_params", None)
+        if refresh_fp32_params is not None:
+            refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         """The engine restored the optimizer state in load_checkpoint."""
