@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import warnings
 
@@ -11,8 +12,17 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.body import PRECISION_PARAMETER
+from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
+
+# The constructor parameters that are no DeepSpeed setting: Lightning's DDPStrategy takes them, or the strategy
+# keeps them. Every other parameter has its default in defaults.py.
+NOT_DEEPSPEED_SETTINGS = {
+    "accelerator", "config", "parallel_devices", "cluster_environment", "process_group_backend", "timeout",
+    "exclude_frozen_parameters",
+}  # fmt: skip
 
 
 def build(**changes):
@@ -211,3 +221,29 @@ def test_batch_arithmetic():
     config = {}
     settings.add_batch_settings(config, 4, accumulation=1, world_size=2)
     assert config == {"gradient_accumulation_steps": 1, "train_micro_batch_size_per_gpu": 4}
+
+
+def test_trainer_and_fabric_constructors_agree():
+    """LightningCLI and ``lightning-strategies info`` read both signatures: the same parameters in the same order,
+    defaults and annotations, but for the precision one, named after each entry point's Lightning base class."""
+    trainer = list(inspect.signature(DeepSpeedStrategy).parameters.values())
+    fabric = list(inspect.signature(DeepSpeedFabricStrategy).parameters.values())
+    assert [parameter.name for parameter in trainer] == [
+        PRECISION_PARAMETER["trainer"] if parameter.name == PRECISION_PARAMETER["fabric"] else parameter.name
+        for parameter in fabric
+    ]
+    for ours, theirs in zip(trainer, fabric, strict=True):
+        if ours.name == PRECISION_PARAMETER["trainer"]:
+            assert ours.default is None and theirs.default is None
+            assert ours.annotation == "DeepSpeedPrecision | None" and theirs.annotation == "Precision | None"
+            continue
+        assert (ours.kind, ours.default, ours.annotation) == (theirs.kind, theirs.default, theirs.annotation), ours.name
+
+
+@pytest.mark.parametrize(
+    ("strategy_class", "entry_point"), [(DeepSpeedStrategy, "trainer"), (DeepSpeedFabricStrategy, "fabric")]
+)
+def test_constructor_defaults_are_those_of_defaults_py(strategy_class, entry_point):
+    parameters = inspect.signature(strategy_class).parameters
+    assert {name: parameters[name].default for name in DEFAULTS if name in parameters} == DEFAULTS
+    assert set(parameters) - set(DEFAULTS) == NOT_DEEPSPEED_SETTINGS | {PRECISION_PARAMETER[entry_point]}

@@ -65,6 +65,27 @@ def test_strategy_construction_does_not_import_deepspeed():
     assert result.stdout.strip().splitlines()[-1] == "False", result.stderr[-3000:]
 
 
+def test_fabric_strategy_imports_no_trainer_module():
+    """Fabric users need not load the Trainer strategy. ``import lightning.fabric`` itself imports part of
+    lightning.pytorch (the ``lightning`` package's ``__init__`` does), so the check is that ours adds none."""
+    code = (
+        "import json, sys; import lightning.fabric; "
+        "before = {m for m in sys.modules if m.startswith('lightning.pytorch')}; "
+        "import lightning_strategies_deepspeed.fabric; "
+        "added = sorted(m for m in sys.modules if m.startswith('lightning.pytorch') and m not in before); "
+        "ours = sorted(m for m in sys.modules if m.startswith('lightning_strategies_deepspeed.')); "
+        "print(json.dumps({'added': added, 'ours': ours}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_environment())
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded["added"] == []
+    assert "lightning_strategies_deepspeed.fabric" in loaded["ours"]
+    # The Trainer strategy and its precision plugin (which subclasses lightning.pytorch's Precision).
+    assert "lightning_strategies_deepspeed.strategy" not in loaded["ours"]
+    assert "lightning_strategies_deepspeed.precision" not in loaded["ours"]
+
+
 @pytest.mark.parametrize("accelerator", ["mps", "tpu"])
 def test_unsupported_accelerator_is_refused_before_import(accelerator):
     from lightning_strategies import CapabilityError, get_registry

@@ -3,7 +3,8 @@
 With Fabric the user writes the loop: ``fabric.backward(loss)`` and ``optimizer.step()`` on every
 micro-batch go to the engine, and DeepSpeed accumulates over the config's
 ``gradient_accumulation_steps`` itself. Registered as a virtual subclass of Lightning's Fabric
-DeepSpeedStrategy (end of this module), so Fabric's DeepSpeed branches apply to it.
+DeepSpeedStrategy (end of this module), so Fabric's DeepSpeed branches apply to it. What it shares
+with the Trainer strategy lives in ``body.py``; this module imports nothing of the Trainer.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,19 +23,15 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.strategies.ddp import DDPStrategy
 from lightning.fabric.strategies.deepspeed import DeepSpeedStrategy as LightningFabricDeepSpeedStrategy
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
 
 from lightning_strategies import check_choice
-from lightning_strategies.checkpoints import recover, staged_save, weights_only_keyword
+from lightning_strategies.checkpoints import weights_only_keyword
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
-from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
-from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
-from lightning_strategies_deepspeed.precision import DTYPES
+from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
 
 
 class DeepSpeedFabricPrecision(Precision):
@@ -65,7 +61,7 @@ def _to_floating_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
     return tensor.to(dtype) if torch.is_floating_point(tensor) else tensor
 
 
-class DeepSpeedFabricStrategy(DDPStrategy):
+class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     """Fabric's DeepSpeed strategy; the parameters are those of the Trainer's DeepSpeedStrategy."""
 
     _own_precision_given = False  # read by the precision setter, which the base constructor calls
@@ -119,12 +115,8 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         exclude_frozen_parameters: bool = False,
     ) -> None:
-        arguments = locals()
-        parameters = {name: arguments[name] for name in settings.DEFAULTS}
-        settings.validate_parameters(parameters)
-        user_config = settings.load_user_config(config)
-        settings.warn_ineffective_parameters(parameters, config_given=user_config is not None)
         super().__init__(
+            locals(),
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
@@ -136,13 +128,7 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         # The engine reduces gradients only on the accumulation boundary its config sets, so there is no
         # reduction to skip: fabric.no_backward_sync then warns and goes on, as with Lightning's DeepSpeed.
         self._backward_sync_control = None
-        self.parameters = parameters
-        self.config: dict[str, Any] = user_config if user_config is not None else settings.build_config(parameters)
-        self.remote_device = remote_device
-        self.load_full_weights = load_full_weights
-        self.exclude_frozen_parameters = exclude_frozen_parameters
         self._engine: Any = None
-        self._config_completed = False
 
     @property
     def precision(self) -> Precision:
@@ -160,10 +146,6 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         self._precision = precision
 
     @property
-    def zero_stage_3(self) -> bool:
-        return settings.zero_stage(self.config) == 3
-
-    @property
     def model(self) -> Any:
         """The engine: Fabric's optimizer wrapper steps through it."""
         return self._engine
@@ -177,63 +159,24 @@ class DeepSpeedFabricStrategy(DDPStrategy):
     def _deepspeed_engine(self, engine: Any) -> None:
         self._engine = engine
 
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
-    def setup_environment(self) -> None:
-        import_deepspeed(self.root_device.type, self.parameters["logging_level"])
-        super().setup_environment()
-
     def _setup_distributed(self) -> None:
-        assert self.parallel_devices is not None
-        settings.check_device_indices(self.parallel_devices)
+        self._check_devices()
         super()._setup_distributed()
-        watch_ranks(self.global_rank, self.world_size)
-        deepspeed = import_deepspeed(self.root_device.type)
-        assert self.cluster_environment is not None
-        export_ranks(self.cluster_environment)
-        deepspeed.init_distributed(
-            dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
-        )
-        self._complete_config()
-
-    def _complete_config(self) -> None:
-        if self._config_completed:
-            return
-        settings.add_precision(self.config, self.precision.precision, self.parameters)
-        accumulation = settings.resolve_accumulation(self.config, 1)
-        settings.add_batch_settings(self.config, 1, accumulation, self.world_size)
-        settings.add_gradient_clipping(self.config, None, None)
-        settings.allow_any_optimizer_on_cpu(self.config, self.root_device.type)
-        self._config_completed = True
+        self._attach_deepspeed()
+        if not self._config_completed:
+            # The user's loop owns batch size and accumulation: DeepSpeed's config decides them.
+            self._complete_config(self.precision.precision, accumulation=1, micro_batch_size=1)
 
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
         if len(optimizers) != 1:
             raise ValueError(f"DeepSpeed drives one optimizer per model; got {len(optimizers)}. Set up one per model.")
-        deepspeed = import_deepspeed(self.root_device.type)
-        engine, optimizer, _, scheduler = deepspeed.initialize(
-            config=self.config,
-            model=module,
-            model_parameters=[parameter for parameter in module.parameters() if parameter.requires_grad],
-            optimizer=optimizers[0],
-            lr_scheduler=scheduler,
-            dist_init_required=False,
-        )
+        engine, optimizer, _, scheduler = self._initialize_engine(module, optimizers[0], scheduler)
         self._engine = engine
         return engine, [optimizer], scheduler
 
     def setup_module(self, module: Module) -> Any:
-        deepspeed = import_deepspeed(self.root_device.type)
-        config = {key: self.config[key] for key in ("fp16", "bf16", "zero_optimization") if key in self.config}
-        if not self.zero_stage_3:
-            config.pop("zero_optimization", None)
-        config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
-        engine, _, _, _ = deepspeed.initialize(
-            config=config, model=module, model_parameters=[], dist_init_required=False
-        )
-        self._engine = engine
-        return engine
+        self._engine = self._initialize_evaluation_engine(module)
+        return self._engine
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         raise NotImplementedError(
@@ -241,10 +184,7 @@ class DeepSpeedFabricStrategy(DDPStrategy):
         )
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
-        if self.zero_stage_3 and empty_init is False:
-            raise NotImplementedError(
-                "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
-            )
+        self._refuse_eager_init_under_zero_3(empty_init)
         stack = ExitStack()
         if not self.zero_stage_3:
             stack.enter_context(super().module_init_context(empty_init=empty_init))
@@ -254,8 +194,7 @@ class DeepSpeedFabricStrategy(DDPStrategy):
     def module_sharded_context(self) -> AbstractContextManager:
         if not self.zero_stage_3:
             return nullcontext()
-        deepspeed = import_deepspeed(self.root_device.type)
-        return deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=self.config)
+        return self._partitioned_init(self.config)
 
     def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
         engine = module if hasattr(module, "backward") and hasattr(module, "step") else self._engine
@@ -284,21 +223,14 @@ class DeepSpeedFabricStrategy(DDPStrategy):
             for key, value in state.items()
             if not isinstance(value, (Module, Optimizer)) and not _is_deepspeed_optimizer(value)
         }
-        path = self.broadcast(str(path))
-        # Staged and published in one rename once every rank has written: a save killed half way
-        # leaves the previous checkpoint whole.
-        with staged_save(path, self.is_global_zero, self.barrier) as staged:
-            checkpoints.save(engine, staged, client_state, self.exclude_frozen_parameters)
+        self._save_engine(engine, path, client_state)
 
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        if self.is_global_zero:
-            recover(path)  # the broadcast below holds the other ranks until this is done
-        path = self.broadcast(str(path))
+        path = self._recover_checkpoint(path)
         if isinstance(state, (Module, Optimizer)) or self.load_full_weights:
-            if _is_local_file_protocol(path):
-                checkpoints.check_full_weights_file(Path(path))
+            check_full_weights_path(path)
             return super().load_checkpoint(path=path, state=state, strict=strict, **weights_only_keyword(weights_only))
         if not state:
             raise ValueError(
@@ -321,10 +253,6 @@ class DeepSpeedFabricStrategy(DDPStrategy):
                 else:
                     state[key] = value
         return {key: value for key, value in client_state.items() if key not in ("optimizer", "lr_scheduler")}
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        """The names are registered by the lightning-strategies plugin (plugin.py)."""
 
 
 # Fabric checks for its DeepSpeed strategy by class in backward (which engine a loss belongs to), in

@@ -16,14 +16,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_strategies import check_choice
-
-DTYPES = {
-    "32-true": torch.float32,
-    "16-mixed": torch.float16,
-    "16-true": torch.float16,
-    "bf16-mixed": torch.bfloat16,
-    "bf16-true": torch.bfloat16,
-}
+from lightning_strategies_deepspeed.body import DTYPES
 
 
 class DeepSpeedPrecision(Precision):

@@ -4,7 +4,8 @@ Built on DDPStrategy rather than Lightning's DeepSpeedStrategy: that class impor
 its constructor, before the Trainer has chosen the device, so DeepSpeed would pick CUDA on a GPU
 host even for ``accelerator="cpu"``; it also refuses CPU outright. It is registered as a virtual
 subclass of Lightning's class instead (end of this module), so every ``isinstance`` check Lightning
-makes for its DeepSpeed strategy treats this one the same (docs/lightning-compatibility.md).
+makes for its DeepSpeed strategy treats this one the same (docs/lightning-compatibility.md). What it
+shares with the Fabric strategy lives in ``body.py``; this module adds what the Trainer asks for.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.ddp import DDPStrategy
@@ -30,18 +30,19 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_strategies import CheckpointError, MissingBackendError
-from lightning_strategies.checkpoints import recover, remove, staged_save
+from lightning_strategies.checkpoints import remove
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
-from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
+from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
+from lightning_strategies_deepspeed.backend import import_deepspeed
+from lightning_strategies_deepspeed.body import DeepSpeedBody, check_full_weights_path
 from lightning_strategies_deepspeed.precision import DeepSpeedPrecision
 
 log = logging.getLogger(__name__)
 
 
-class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
+class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     """ZeRO stages 0-3 with CPU/NVMe offload; the parameters are those of Lightning's DeepSpeedStrategy.
 
     ``config`` (a dict or a JSON file) replaces the config built from the other parameters; any
@@ -99,12 +100,8 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         timeout: timedelta | None = default_pg_timeout,
         exclude_frozen_parameters: bool = False,
     ) -> None:
-        arguments = locals()
-        parameters = {name: arguments[name] for name in settings.DEFAULTS}
-        settings.validate_parameters(parameters)
-        user_config = settings.load_user_config(config)
-        settings.warn_ineffective_parameters(parameters, config_given=user_config is not None)
         super().__init__(
+            locals(),
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
@@ -112,22 +109,12 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        self.parameters = parameters
-        self.config: dict[str, Any] = user_config if user_config is not None else settings.build_config(parameters)
-        self.remote_device = remote_device
-        self.load_full_weights = load_full_weights
-        self.exclude_frozen_parameters = exclude_frozen_parameters
-        self._config_completed = False
         self._full_weights_pending = False
 
     # -- precision ---------------------------------------------------------------------------
 
     def own_precision_plugin(self, precision: str) -> DeepSpeedPrecision:
         return DeepSpeedPrecision(fp16_mixed_on_cpu_as_bf16(precision, isinstance(self.accelerator, CPUAccelerator)))
-
-    @property
-    def zero_stage_3(self) -> bool:
-        return settings.zero_stage(self.config) == 3
 
     @property
     def deepspeed_engine(self) -> Any:
@@ -146,35 +133,18 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     def lightning_restore_optimizer(self) -> bool:
         return False  # the engine restores its (partitioned) optimizer state itself
 
-    @property
-    def distributed_sampler_kwargs(self) -> dict[str, int]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
-
     # -- start-up ----------------------------------------------------------------------------
 
-    def setup_environment(self) -> None:
-        # Before anything imports deepspeed: its accelerator follows Lightning's device.
-        import_deepspeed(self.root_device.type, self.parameters["logging_level"])
-        super().setup_environment()
-
     def setup_distributed(self) -> None:
-        assert self.parallel_devices is not None
-        settings.check_device_indices(self.parallel_devices)
+        self._check_devices()
         super().setup_distributed()
-        watch_ranks(self.global_rank, self.world_size)
-        deepspeed = import_deepspeed(self.root_device.type)
-        assert self.cluster_environment is not None
-        export_ranks(self.cluster_environment)
-        # Attach DeepSpeed's communication layer to the process group Lightning created.
-        deepspeed.init_distributed(
-            dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
-        )
+        self._attach_deepspeed()
 
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         self._check_nvme_path()
-        self._complete_config(trainer)
+        self._complete_trainer_config(trainer)
         model = self.precision_plugin.convert_module(self.model)
         if trainer.state.fn == TrainerFn.FITTING:
             self._initialize_for_training(model)
@@ -203,22 +173,20 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                 "or offload to CPU instead (offload_optimizer_device='cpu', offload_params_device='cpu')."
             )
 
-    def _complete_config(self, trainer: Any) -> None:
+    def _complete_trainer_config(self, trainer: Any) -> None:
         """Add what only the Trainer knows: precision, batch size, accumulation, clipping."""
         if self._config_completed:
             return
-        config = self.config
-        settings.add_precision(config, self.precision_plugin.precision, self.parameters)
-        accumulation = settings.resolve_accumulation(config, trainer.accumulate_grad_batches)
+        accumulation = self._complete_config(
+            self.precision_plugin.precision,
+            trainer.accumulate_grad_batches,
+            self._micro_batch_size(trainer),
+            trainer.gradient_clip_val,
+            _algorithm_name(trainer.gradient_clip_algorithm),
+        )
         if accumulation != trainer.accumulate_grad_batches:
             rank_zero_info(f"Accumulating gradients over {accumulation} batches, as the DeepSpeed config says.")
             trainer.accumulate_grad_batches = accumulation
-        settings.add_batch_settings(config, self._micro_batch_size(trainer), accumulation, self.world_size)
-        settings.add_gradient_clipping(
-            config, trainer.gradient_clip_val, _algorithm_name(trainer.gradient_clip_algorithm)
-        )
-        settings.allow_any_optimizer_on_cpu(config, self.root_device.type)
-        self._config_completed = True
 
     def _micro_batch_size(self, trainer: Any) -> int:
         """Only DeepSpeed's throughput logs read it: the train loader's batch size, else 1."""
@@ -233,10 +201,10 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         return 1
 
     def _initialize_for_training(self, model: torch.nn.Module) -> None:
-        deepspeed = import_deepspeed(self.root_device.type)
         optimizer = None
         scheduler_configs: list[LRSchedulerConfig] = []
         if "optimizer" not in self.config:
+            assert self.lightning_module is not None
             optimizers, scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
             if len(optimizers) != 1 or len(scheduler_configs) > 1:
                 raise ValueError(
@@ -244,44 +212,26 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                     f"{len(optimizers)} optimizers and {len(scheduler_configs)} schedulers."
                 )
             optimizer = optimizers[0]
-        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
-            config=self.config,
-            model=model,
-            model_parameters=[parameter for parameter in model.parameters() if parameter.requires_grad],
-            optimizer=optimizer,
-            dist_init_required=False,
-        )
+        engine, deepspeed_optimizer, _, _ = self._initialize_engine(model, optimizer)
         if engine.lr_scheduler is not None:
             # A scheduler from the config: Lightning steps it once per optimizer step, not DeepSpeed.
             scheduler_configs = [LRSchedulerConfig(engine.lr_scheduler, interval="step")]
             engine.lr_scheduler = None
-        self._configure_activation_checkpointing(deepspeed)
+        self._configure_activation_checkpointing()
         self.model = engine
         self.optimizers = [deepspeed_optimizer]
         self.lr_scheduler_configs = scheduler_configs
 
     def _initialize_for_evaluation(self, model: torch.nn.Module) -> None:
-        deepspeed = import_deepspeed(self.root_device.type)
-        if self.zero_stage_3 and any(hasattr(parameter, "ds_id") for parameter in model.parameters()):
-            # Partitioned by an earlier fit, whose teardown moved the module to the CPU: that moved only
-            # the empty placeholders ZeRO-3 gathers into, and trainer.test then found its gathered weights
-            # on the CPU beside CUDA inputs (two H200s, 2026-11-22). The partitions stay where they are.
-            model.to(self.root_device)
-        config = {key: self.config[key] for key in ("fp16", "bf16", "zero_optimization") if key in self.config}
-        if not self.zero_stage_3:
-            config.pop("zero_optimization", None)  # nothing to partition without an optimizer
-        config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
-        config["zero_allow_untested_optimizer"] = True
-        engine, _, _, _ = deepspeed.initialize(
-            config=config, model=model, model_parameters=[], dist_init_required=False
-        )
-        self._configure_activation_checkpointing(deepspeed)
+        engine = self._initialize_evaluation_engine(model, zero_allow_untested_optimizer=True)
+        self._configure_activation_checkpointing()
         self.model = engine
 
-    def _configure_activation_checkpointing(self, deepspeed: Any) -> None:
+    def _configure_activation_checkpointing(self) -> None:
         checkpointing = self.config.get("activation_checkpointing")
         if not checkpointing:
             return
+        deepspeed = import_deepspeed(self.root_device.type)
         deepspeed.checkpointing.configure(
             mpu_=None,
             partition_activations=checkpointing.get("partition_activations"),
@@ -312,11 +262,8 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     @contextmanager
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        self._refuse_eager_init_under_zero_3(empty_init)
         if self.zero_stage_3:
-            if empty_init is False:
-                raise NotImplementedError(
-                    "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
-                )
             yield
             return
         with super().tensor_init_context(empty_init=empty_init):
@@ -328,9 +275,7 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         if not self.zero_stage_3:
             yield
             return
-        deepspeed = import_deepspeed(self.root_device.type)
-        remote_device = self.remote_device if self.remote_device is not None else None
-        with deepspeed.zero.Init(remote_device=remote_device, config_dict_or_path=self._init_config()):
+        with self._partitioned_init(self._init_config()):
             yield
 
     def _init_config(self) -> dict[str, Any]:
@@ -351,33 +296,26 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         return {}  # the engine writes the (partitioned) optimizer state itself
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside.
-
-        Every rank writes into a hidden staging directory, published under ``filepath`` in one rename once
-        all are done: a save killed half way leaves the previous checkpoint whole.
-        """
+        """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside."""
         if storage_options is not None:
             raise TypeError(
                 "DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files."
             )
-        filepath = self.broadcast(str(filepath))
         client_state = {
             key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")
         }
-        with staged_save(filepath, self.is_global_zero, self.barrier) as staged:
-            checkpoints.save(self.model, staged, client_state, self.exclude_frozen_parameters)
+        self._save_engine(self.model, filepath, client_state)
 
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
             remove(filepath)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        if self.is_global_zero:
-            recover(checkpoint_path)  # the broadcast below holds the other ranks until this is done
-        checkpoint_path = self.broadcast(str(checkpoint_path))
+        checkpoint_path = self._recover_checkpoint(checkpoint_path)
         if self.load_full_weights:
             return self._load_full_weights_file(checkpoint_path, weights_only)
         location, layout = checkpoints.inspect(checkpoint_path, weights_only)
+        assert self.lightning_module is not None and self.model is not None
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not fitting and not location.universal and (self.zero_stage_3 or layout.parameter_ranks):
             # The evaluation engine has no ZeRO optimizer for DeepSpeed to load ZeRO-3 shards into (its
@@ -396,8 +334,7 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         )
 
     def _load_full_weights_file(self, path: str, weights_only: bool | None) -> dict[str, Any]:
-        if _is_local_file_protocol(path):
-            checkpoints.check_full_weights_file(Path(path))
+        check_full_weights_path(path)
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         if "state_dict" not in checkpoint:
             raise CheckpointError(
@@ -411,20 +348,17 @@ class DeepSpeedStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             return  # the engine already loaded its shards in load_checkpoint
         self._full_weights_pending = False
         state_dict = checkpoint["state_dict"]
+        assert self.lightning_module is not None
         if self.zero_stage_3:
             checkpoints.load_into_partitioned_module(self.lightning_module, state_dict, strict, self.is_global_zero)
         else:
             self.lightning_module.load_state_dict(state_dict, strict=strict)
-        optimizer = getattr(self.model, "optimizer", None)
-        if hasattr(optimizer, "refresh_fp32_params"):
-            optimizer.refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
+        refresh_fp32_params = getattr(getattr(self.model, "optimizer", None), "refresh_fp32_params", None)
+        if refresh_fp32_params is not None:
+            refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         """The engine restored the optimizer state in load_checkpoint."""
-
-    @classmethod
-    def register_strategies(cls, strategy_registry: Any) -> None:
-        """The names are registered by the lightning-strategies plugin (plugin.py)."""
 
 
 # Lightning's callbacks, loops and connector check for its DeepSpeed strategy by class: the model summary of

@@ -1,0 +1,219 @@
+"""The one body of the Trainer and Fabric DeepSpeed strategies: what DeepSpeed needs whichever loop drives it.
+
+``strategy.py`` (Trainer) and ``fabric.py`` (Fabric) mix ``DeepSpeedBody`` in before their Lightning
+``DDPStrategy`` and keep only what their entry point asks for. This module imports nothing of the Trainer
+(``lightning.pytorch``), so the Fabric strategy loads without it.
+
+Both constructors take the same parameters, in the same order and with the same defaults (``defaults.py``
+for the DeepSpeed settings), but for one, named as each entry point's ``DDPStrategy`` names it:
+``precision_plugin`` for the Trainer, ``precision`` for Fabric. ``tests/test_parameters.py`` holds them equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+from lightning_strategies.checkpoints import recover, staged_save
+from lightning_strategies.ranks import watch_ranks
+from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
+from lightning_strategies_deepspeed.defaults import DEFAULTS
+
+# The precision flags DeepSpeed trains with, and the dtype each casts inputs (and, for "-true", the module) to.
+DTYPES = {
+    "32-true": torch.float32,
+    "16-mixed": torch.float16,
+    "16-true": torch.float16,
+    "bf16-mixed": torch.bfloat16,
+    "bf16-true": torch.bfloat16,
+}
+
+# The one constructor parameter each entry point names after its own Lightning base class.
+PRECISION_PARAMETER = {"trainer": "precision_plugin", "fabric": "precision"}
+
+
+class _ParallelStrategy(Protocol):
+    """What the body uses of the Lightning ``DDPStrategy`` (Trainer's or Fabric's) it is mixed into."""
+
+    parameters: dict[str, Any]
+    config: dict[str, Any]
+    remote_device: str | None
+    exclude_frozen_parameters: bool
+    parallel_devices: list[torch.device] | None
+    cluster_environment: ClusterEnvironment | None
+    _process_group_backend: str | None
+    _config_completed: bool
+
+    @property
+    def root_device(self) -> torch.device: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    @property
+    def zero_stage_3(self) -> bool: ...
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None: ...
+
+
+class DeepSpeedBody:
+    """The parameters, the config built from them, the engine and its checkpoints, for both entry points."""
+
+    parameters: dict[str, Any]
+    config: dict[str, Any]
+
+    def __init__(self, arguments: Mapping[str, Any], **base_arguments: Any) -> None:
+        """``arguments``: the face's constructor arguments (its ``locals()``); ``base_arguments`` go to Lightning.
+
+        Bad values are refused before Lightning's constructor runs, as Lightning's DeepSpeed strategy does.
+        """
+        parameters = {name: arguments[name] for name in DEFAULTS}
+        settings.validate_parameters(parameters)
+        user_config = settings.load_user_config(arguments["config"])
+        settings.warn_ineffective_parameters(parameters, config_given=user_config is not None)
+        super().__init__(**base_arguments)
+        self.parameters = parameters
+        self.config = user_config if user_config is not None else settings.build_config(parameters)
+        self.remote_device: str | None = arguments["remote_device"]
+        self.load_full_weights: bool = arguments["load_full_weights"]
+        self.exclude_frozen_parameters: bool = arguments["exclude_frozen_parameters"]
+        self._config_completed = False
+
+    @property
+    def zero_stage_3(self) -> bool:
+        return settings.zero_stage(self.config) == 3
+
+    @property
+    def distributed_sampler_kwargs(self: _ParallelStrategy) -> dict[str, int]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def setup_environment(self: _ParallelStrategy) -> None:
+        # Before anything else imports deepspeed: its accelerator follows Lightning's device.
+        import_deepspeed(self.root_device.type, self.parameters["logging_level"])
+        super().setup_environment()  # type: ignore[misc]
+
+    def _check_devices(self: _ParallelStrategy) -> None:
+        assert self.parallel_devices is not None
+        settings.check_device_indices(self.parallel_devices)
+
+    def _attach_deepspeed(self: _ParallelStrategy) -> None:
+        """Once Lightning created the process group: DeepSpeed's communication layer joins it."""
+        watch_ranks(self.global_rank, self.world_size)
+        deepspeed = import_deepspeed(self.root_device.type)
+        assert self.cluster_environment is not None
+        export_ranks(self.cluster_environment)
+        deepspeed.init_distributed(
+            dist_backend=self._process_group_backend, auto_mpi_discovery=False, dist_init_required=False
+        )
+
+    def _complete_config(
+        self: _ParallelStrategy,
+        precision: str,
+        accumulation: int,
+        micro_batch_size: int,
+        clip_value: float | None = None,
+        clip_algorithm: str | None = None,
+    ) -> int:
+        """Add what is known only at set-up; returns the accumulation the config settles on."""
+        config = self.config
+        settings.add_precision(config, precision, self.parameters)
+        accumulation = settings.resolve_accumulation(config, accumulation)
+        settings.add_batch_settings(config, micro_batch_size, accumulation, self.world_size)
+        settings.add_gradient_clipping(config, clip_value, clip_algorithm)
+        settings.allow_any_optimizer_on_cpu(config, self.root_device.type)
+        self._config_completed = True
+        return accumulation
+
+    # -- the engine --------------------------------------------------------------------------
+
+    def _initialize_engine(
+        self: _ParallelStrategy, module: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None
+    ) -> tuple[Any, Any, Any, Any]:
+        """The training engine: engine, its optimizer, data loader (unused) and scheduler, as DeepSpeed returns."""
+        deepspeed = import_deepspeed(self.root_device.type)
+        return deepspeed.initialize(
+            config=self.config,
+            model=module,
+            model_parameters=[parameter for parameter in module.parameters() if parameter.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+
+    def _initialize_evaluation_engine(self: _ParallelStrategy, module: torch.nn.Module, **extra: Any) -> Any:
+        """An engine without optimizer: only precision and (for ZeRO-3) partitioning apply, plus ``extra``."""
+        deepspeed = import_deepspeed(self.root_device.type)
+        if self.zero_stage_3 and any(hasattr(parameter, "ds_id") for parameter in module.parameters()):
+            # Partitioned by an earlier fit, whose teardown moved the module to the CPU: that moved only
+            # the empty placeholders ZeRO-3 gathers into, and trainer.test then found its gathered weights
+            # on the CPU beside CUDA inputs (two H200s, 2026-11-22). The partitions stay where they are.
+            module.to(self.root_device)
+        config: dict[str, Any] = {
+            key: self.config[key] for key in ("fp16", "bf16", "zero_optimization") if key in self.config
+        }
+        if not self.zero_stage_3:
+            config.pop("zero_optimization", None)  # nothing to partition without an optimizer
+        config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
+        config.update(extra)
+        engine, _, _, _ = deepspeed.initialize(
+            config=config, model=module, model_parameters=[], dist_init_required=False
+        )
+        return engine
+
+    # -- model creation ----------------------------------------------------------------------
+
+    def _refuse_eager_init_under_zero_3(self: _ParallelStrategy, empty_init: bool | None) -> None:
+        if self.zero_stage_3 and empty_init is False:
+            raise NotImplementedError(
+                "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
+            )
+
+    def _partitioned_init(self: _ParallelStrategy, config: dict[str, Any]) -> Any:
+        """ZeRO-3's context in which parameters are created partitioned across the ranks."""
+        deepspeed = import_deepspeed(self.root_device.type)
+        return deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=config)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _save_engine(self: _ParallelStrategy, engine: Any, path: Any, client_state: dict[str, Any]) -> None:
+        """One DeepSpeed checkpoint directory at ``path``, ``client_state`` inside.
+
+        Every rank writes into a hidden staging directory, published under ``path`` in one rename once all
+        are done: a save killed half way leaves the previous checkpoint whole.
+        """
+        path = self.broadcast(str(path))
+        with staged_save(path, self.is_global_zero, self.barrier) as staged:
+            checkpoints.save(engine, staged, client_state, self.exclude_frozen_parameters)
+
+    def _recover_checkpoint(self: _ParallelStrategy, path: Any) -> str:
+        """Finish or undo a save interrupted at ``path``; returns rank 0's path, the same on every rank."""
+        if self.is_global_zero:
+            recover(path)  # the broadcast below holds the other ranks until this is done
+        return str(self.broadcast(str(path)))
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """The names are registered by the lightning-strategies plugin (plugin.py)."""
+
+
+def check_full_weights_path(path: str) -> None:
+    """A local full-weights file is checked before loading, for an error that names the problem and the fix."""
+    if _is_local_file_protocol(path):
+        checkpoints.check_full_weights_file(Path(path))
