@@ -31,6 +31,7 @@ class GPTModule(LightningModule):
         super().__init__()
         self.workload, self.optimizer_name = workload, optimizer
         self.gpt: GPT | None = None
+        self.logged_steps = 0
 
     def configure_model(self) -> None:
         if self.gpt is None:
@@ -42,6 +43,7 @@ class GPTModule(LightningModule):
         # Every step, into the progress bar and the logger: the bar reads the value each step, which
         # waits for the device, as it does in a user's training.
         self.log("loss", loss, prog_bar=True)
+        self.logged_steps += 1
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -126,7 +128,8 @@ def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | No
         default_root_dir=root,
     )
     loader = torch.utils.data.DataLoader(RandomTokens(workload), batch_size=workload.batch_size)
-    trainer.fit(GPTModule(workload, run.optimizer), loader)
+    module = GPTModule(workload, run.optimizer)
+    trainer.fit(module, loader)
     if trainer.global_rank != 0:
         return None
     assert recorder.recorder is not None and recorder.first_step_at is not None
@@ -135,6 +138,9 @@ def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | No
         **recorder.recorder.result(),
         "setup_seconds": recorder.first_step_at - started,
         "strategy_class": f"{type(strategy).__module__}.{type(strategy).__qualname__}",
+        "loss_logged_steps": module.logged_steps,
+        "loss_in_progress_bar": "loss" in trainer.progress_bar_metrics,
+        "progress_bar": type(trainer.progress_bar_callback).__name__ if trainer.progress_bar_callback else None,
         "backend_config": backend_config(strategy),
     }
 

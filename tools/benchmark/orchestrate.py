@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -232,8 +233,8 @@ def run_all(
 ) -> None:
     """Every run on every device count, each ``repeat_count(run)`` times, interleaved round by round.
 
-    A run starts only when the session's budget leaves it the time its slowest earlier repeat took
-    (and it gets at most what is left), so a session with a budget ends by itself with whole runs."""
+    A run starts only when the session's budget leaves it the time it is expected to take (and it
+    gets at most what is left), so a session with a budget ends by itself with whole runs."""
     by_id = {run.id: run for run in runs}
     order = repeats.schedule(list(by_id), lambda run_id: repeat_count(by_id[run_id]))
     records: list[dict[str, Any]] = []
@@ -244,8 +245,7 @@ def run_all(
         for repeat, run_id in order:
             done += 1
             run = by_id[run_id]
-            slowest = max((r["wall_seconds"] for r in records if r["run"] == run_id and "wall_seconds" in r), default=0)
-            if session.remaining() < max(slowest, 1.0):
+            if session.remaining() < expected_seconds(records, run_id):
                 not_run.append(f"{run_id} x{devices} repeat {repeat}")
                 print(f"[{done}/{total}, {session.elapsed():.0f} s] budget: no time left for {run_id} repeat {repeat}",
                       flush=True)  # fmt: skip
@@ -262,6 +262,14 @@ def run_all(
         not_run_for_budget=not_run,
     )
     print(session.table_path.read_text() if session.table_path.exists() else "", flush=True)
+
+
+def expected_seconds(records: list[dict[str, Any]], run_id: str) -> float:
+    """What the next repeat of ``run_id`` may take: its slowest earlier repeat, or before it has run the
+    median of every run so far (a run cut by the budget would only be a failure in the results)."""
+    walls = [record["wall_seconds"] for record in records if "wall_seconds" in record]
+    own = [record["wall_seconds"] for record in records if record["run"] == run_id and "wall_seconds" in record]
+    return max(own) if own else (statistics.median(walls) if walls else 1.0)
 
 
 def scaling(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
