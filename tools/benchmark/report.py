@@ -127,9 +127,10 @@ def spread_section(sessions: list[tuple[dict[str, Any], list[dict[str, Any]]]]) 
         return ("\n**No run was measured twice**: the run-to-run spread is not known, so small differences are "
                 "not findings.\n")  # fmt: skip
     lines = ["\n## Run-to-run spread\n",
-             "The same run measured in more than one session (each session below names its commit). A speed-up",
-             "or a \"vs by hand\" ratio that lies within this run-to-run spread is not a measured difference.\n",
-             "| run | size | devices | precision | sessions | tokens/s, lowest to highest | spread |",
+             "The same run measured more than once, as repeats of one session or in several sessions (each",
+             "session below names its commit). A speed-up or a \"vs by hand\" ratio that lies within this",
+             "run-to-run spread is not a measured difference.\n",
+             "| run | size | devices | precision | measurements | tokens/s, lowest to highest | spread |",
              "| --- | --- | ---: | --- | ---: | --- | ---: |"]  # fmt: skip
     for (run, size, devices, precision, _), values in sorted(repeated.items()):
         low, high = min(values), max(values)
