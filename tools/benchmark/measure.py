@@ -75,6 +75,9 @@ class Recorder:
         self.allocator_before: dict[str, int] = {}
         self.allocator: dict[str, int] = {}
         self.checkpoint: dict[str, Any] = {}
+        # The host's 1-minute load when timing starts and the GPU's SM clock when it ends: a busy host or a
+        # throttled GPU, told apart from a slower program.
+        self.host: dict[str, Any] = {}
 
     def step_ended(self, loss: torch.Tensor) -> None:
         self.losses.append(loss.detach().float().reshape(()).clone())
@@ -86,6 +89,7 @@ class Recorder:
                 gc.collect()
                 gc.freeze()
             self.allocator_before = allocator_counts(self.device)
+            self.host = {"load_average": os.getloadavg()[0], "usable_cpus": len(os.sched_getaffinity(0))}
             gc.callbacks.append(self._gc_event)
             self.started = time.perf_counter()
             self.step_ends = [self.started]
@@ -99,6 +103,7 @@ class Recorder:
                 after = allocator_counts(self.device)
                 self.allocator = {key: after[key] - self.allocator_before.get(key, 0) for key in after}
                 self.peaks = memory_peaks(self.device)
+                self.host["gpu_clock_mhz"] = gpu_clock(self.device)
 
     def _gc_event(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -147,6 +152,7 @@ class Recorder:
             "gc_seconds": self.gc_seconds,
             "gc_collections": self.gc_collections,
             "allocator": self.allocator,
+            **self.host,
             "checkpoint_seconds": self.checkpoint.get("checkpoint_seconds"),
             "checkpoint_bytes": self.checkpoint.get("checkpoint_bytes"),
             "end_to_end_seconds": end_to_end,
@@ -168,6 +174,16 @@ def allocator_counts(device: torch.device) -> dict[str, int]:
         "device_frees": int(stats.get("num_device_free", 0)),
         "allocation_retries": int(stats.get("num_alloc_retries", 0)),
     }
+
+
+def gpu_clock(device: torch.device) -> int | None:
+    """The SM clock now, in MHz (through NVML; None where it cannot be read)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # NVML missing or refused: the clock is a diagnostic, never a reason to fail a run
+        return None
 
 
 def folder_bytes(path: str) -> int:

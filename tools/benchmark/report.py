@@ -61,8 +61,8 @@ drives every operation on a parameter from Python hooks and, every step, re-allo
 gathered buffer, its gradient buffer and a new shard (partly on its asynchronous reduce stream),
 so its speed may well hang on the host and on the allocator more than FSDP2's or DeepSpeed's:
 a hypothesis until a GPU session's records show it. The `colossalai_variants` preset measures the
-plain runs against two environment settings: `@expandable_segments` (allocator) and `@gc_frozen`
-(collector).
+plain runs against `@expandable_segments` (the allocator grows segments in place); `@gc_frozen`
+(the collector skips set-up's objects) is there for when a run's collector time is large.
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """

@@ -185,6 +185,7 @@ def test_the_trainer_run_logs_every_step_shows_a_progress_bar_and_saves_a_checkp
         assert record["tokens_per_second_with_checkpoint"] < record["tokens_per_second"]
         assert len(record["step_seconds"]) == record["timed_steps"]
         assert record["gc_seconds"] >= 0 and record["gc_collections"] >= 0
+        assert record["load_average"] >= 0 and record["usable_cpus"] >= 1 and record["gpu_clock_mhz"] is None
     for record in (r for r in records if r["run"] == "trainer:fsdp"):
         assert record["loss_logged_steps"] == record["warmup_steps"] + record["timed_steps"]
         assert record["loss_in_progress_bar"] is True and record["progress_bar"] == "TQDMProgressBar"
