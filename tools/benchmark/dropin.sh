@@ -9,14 +9,16 @@
 # last step; each run is repeated (3 times, ColossalAI's 5), interleaved round by round. Arguments
 # after the first go to `python -m tools.benchmark run` and override these defaults.
 #
-# DROPIN_BUDGET_S (default 510) bounds the whole session: a run starts only when its slowest earlier
-# repeat would still end in time, and no run gets more than DROPIN_TIMEOUT_S (200). Results, the
+# DROPIN_WALL_S (default 520) bounds the whole call, installing the wheels included: the session gets
+# what is left of it, a run starts only when its earlier repeats say it would end in time, and no
+# run gets more than DROPIN_TIMEOUT_S (200) or what is left. Results, the
 # summary with medians, spreads and ratios, its markdown table and one log per run are written to
 # $OUT as each run ends, so a call killed at its time limit still returns everything measured.
 #
 # A kernel cache carried as `.kernels/kernels.tar.gz.part-*` (made by tools/gpu/tier.sh) is unpacked
 # first, so DeepSpeed's FusedAdam and ColossalAI's HybridAdam are loaded rather than compiled.
 set -uo pipefail
+SECONDS=0  # the call's wall time so far, setup included
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$repo/.benchmark-dropin}
 mkdir -p "$out"
@@ -44,12 +46,13 @@ if [ "${shm_kib:-0}" -gt $(( 48 * 1024 * 1024 )) ]; then
 else
   checkpoints=${TMPDIR:-/tmp}/benchmark-checkpoints
 fi
-echo "dropin: $what, checkpoints under $checkpoints, results in $out"
+budget=$(( ${DROPIN_WALL_S:-520} - SECONDS - 15 ))  # 15 s: the harness's start and the clean-up after
+echo "dropin: $what, checkpoints under $checkpoints, results in $out, $budget s for the runs"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 
 python -m tools.benchmark run "${selection[@]}" --size 1.3b --batch-size 8 --length 1024 \
   --warmup-steps 4 --timed-steps 10 --repeats 3 --repeats-gemini 5 \
-  --timeout "${DROPIN_TIMEOUT_S:-200}" --budget "${DROPIN_BUDGET_S:-510}" \
+  --timeout "${DROPIN_TIMEOUT_S:-200}" --budget "$budget" \
   --checkpoint-dir "$checkpoints" --out "$out" --logs "$out/logs" --label "$label" "$@" 2>&1 \
   | tee "$out/$label.log"
 status=${PIPESTATUS[0]}
