@@ -4,6 +4,9 @@ An id says how the model is trained and with what:
   trainer:NAME    ``Trainer(strategy="NAME")``: the strategy of this project's package registering NAME
   lightning:NAME  Lightning 2.6's own strategy class, built directly (our packages took over its names)
   hand:NAME       the backend driven without Lightning, configured as the matching trainer: run
+
+A run id may end in ``@VARIANT``: the same run with one of ``VARIANTS`` applied (an environment
+setting tested against the plain run, e.g. ``trainer:colossalai_cuda@expandable_segments``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,20 @@ class Run:
 
     @property
     def name(self) -> str:
-        return self.id.split(":", 1)[1]
+        return self.id.split(":", 1)[1].split("@", 1)[0]
+
+    @property
+    def variant(self) -> str:
+        return self.id.partition("@")[2]
+
+    @property
+    def base(self) -> str:
+        """The id without its variant."""
+        return self.id.partition("@")[0]
+
+    @property
+    def environment(self) -> dict[str, str]:
+        return VARIANTS[self.variant].environment if self.variant else {}
 
     def missing(self) -> list[str]:
         return [module for module in self.requires if importlib.util.find_spec(module) is None]
@@ -93,6 +109,26 @@ _RUNS = [
 ]  # fmt: skip
 RUNS: dict[str, Run] = {run.id: run for run in _RUNS}
 
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    description: str
+    environment: dict[str, str]  # set in the run's processes before anything is imported
+
+
+# Settings tested against the plain run to find what makes a run's speed vary from one process to
+# the next (the colossalai runs, issue #16). They change the environment only, never a strategy.
+VARIANTS: dict[str, Variant] = {
+    "expandable_segments": Variant(
+        "PyTorch's caching allocator grows segments in place instead of caching fixed blocks (no fragmentation)",
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    ),
+    "gc_frozen": Variant(
+        "gc.collect() then gc.freeze() at the end of warm-up: collections in the timed steps skip set-up's objects",
+        {"BENCHMARK_GC_FREEZE": "1"},
+    ),
+}
+
 PRESETS: dict[str, list[str]] = {
     # The reference comparison of the issue: one GPU, GPT 1.3B.
     "issue": [
@@ -110,13 +146,41 @@ PRESETS: dict[str, list[str]] = {
         "hand:deepspeed_stage_3", "trainer:deepspeed_stage_3",
         "hand:gemini_cuda", "trainer:colossalai_cuda",
     ],
+    # The drop-in comparison of issue #16 item 4, one GPU: each strategy by hand, through the Trainer,
+    # and Lightning's built-in where one exists; run by tools/benchmark/dropin.sh with repeats.
+    "dropin": [
+        "hand:fsdp", "trainer:fsdp", "lightning:fsdp",
+        "hand:deepspeed_stage_2", "trainer:deepspeed_stage_2", "lightning:deepspeed_stage_2",
+        "hand:gemini_cuda", "trainer:colossalai_cuda",
+    ],
+    # What could make the colossalai runs' speed spread: the allocator setting against the plain runs
+    # (15 runs at 5 repeats fit one call; the collector's share is recorded in every run, and
+    # trainer:colossalai_cuda@gc_frozen tests it where that share is large).
+    "colossalai_variants": [
+        "hand:gemini_cuda", "trainer:colossalai_cuda", "trainer:colossalai_cuda@expandable_segments",
+    ],
     # What the CPU test exercises (tiny model, gloo).
     "cpu": ["hand:torch", "hand:fsdp", "trainer:fsdp"],
 }  # fmt: skip
 
 
 def resolve(run_ids: list[str]) -> list[Run]:
-    unknown = [run_id for run_id in run_ids if run_id not in RUNS]
+    unknown = [run_id for run_id in run_ids if run_id.partition("@")[0] not in RUNS]
     if unknown:
         raise SystemExit(f"Unknown run id(s) {', '.join(unknown)}; known: {', '.join(RUNS)}.")
-    return [RUNS[run_id] for run_id in run_ids]
+    variants = [run_id for run_id in run_ids if run_id.partition("@")[2] not in ("", *VARIANTS)]
+    if variants:
+        raise SystemExit(f"Unknown variant in {', '.join(variants)}; known: {', '.join(VARIANTS)}.")
+    resolved = []
+    for run_id in run_ids:
+        base, _, variant = run_id.partition("@")
+        run = RUNS[base]
+        if variant:
+            run = dataclasses.replace(run, id=run_id, description=f"{run.description}; {VARIANTS[variant].description}")
+        resolved.append(run)
+    return resolved
+
+
+def is_gemini(run: Run) -> bool:
+    """ColossalAI Gemini runs, by hand or through the Trainer: repeated more often (their speed spreads)."""
+    return run.name.startswith(("gemini", "colossalai"))

@@ -1,6 +1,7 @@
 """Command line of the benchmark harness.
 
     python -m tools.benchmark run --preset issue                 # the reference comparison, one GPU
+    python -m tools.benchmark run --preset dropin --budget 500    # issue #16's drop-in comparison (dropin.sh)
     python -m tools.benchmark run --runs hand:torch,trainer:fsdp --size 350m
     python -m tools.benchmark run --preset scaling --devices 2   # each run on 1 and on 2 GPUs, speed-up
     python -m tools.benchmark run --search-largest deepspeed_stage_3_offload
@@ -19,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.benchmark
 
-from tools.benchmark.catalogue import PRESETS, RUNS, resolve
+from tools.benchmark.catalogue import PRESETS, RUNS, VARIANTS, is_gemini, resolve
 from tools.benchmark.sizes import SEARCH_ORDER, SIZES
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -48,6 +49,16 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--timeout", type=float, default=300, help="seconds one run may take, setup and JIT builds included"
     )
+    run.add_argument("--repeats", type=int, default=3, help="times each run is measured, interleaved round by round")
+    run.add_argument(
+        "--repeats-gemini", type=int, default=5, help="times each ColossalAI Gemini run is measured (its speed spreads)"
+    )
+    run.add_argument(
+        "--budget", type=float, help="seconds for the whole session: no run starts that its earlier repeats say "
+        "would not end in time, and a run gets at most what is left"
+    )  # fmt: skip
+    run.add_argument("--checkpoint-dir", type=Path, help="where runs save their checkpoint (default: $TMPDIR)")
+    run.add_argument("--no-checkpoint", action="store_true", help="save no checkpoint after the last step")
 
     commands.add_parser("list", help="run ids, presets and which runs are installed here")
 
@@ -66,6 +77,8 @@ def command_run(arguments: argparse.Namespace) -> None:
     timed = arguments.timed_steps if arguments.timed_steps is not None else (8 if searching else 12)
     if warmup < 1 or timed < 1:
         raise SystemExit("--warmup-steps and --timed-steps must be at least 1 (timing starts after warm-up).")
+    if arguments.repeats < 1 or arguments.repeats_gemini < 1:
+        raise SystemExit("--repeats and --repeats-gemini must be at least 1 (one measurement per run).")
     device_counts = [1] if arguments.devices == 1 else [1, arguments.devices]
     base = Workload(
         run="",
@@ -87,8 +100,24 @@ def command_run(arguments: argparse.Namespace) -> None:
         "timed_steps": timed,
         "devices": device_counts,
         "accelerator": arguments.accelerator,
+        "repeats": None if searching else arguments.repeats,
+        "repeats_gemini": None if searching else arguments.repeats_gemini,
+        "budget_seconds": arguments.budget,
+        "checkpoint": not arguments.no_checkpoint,
+        "checkpoint_dir": str(arguments.checkpoint_dir) if arguments.checkpoint_dir else None,
     }
-    session = orchestrate.new_session(arguments.out, arguments.label, arguments.logs, arguments.timeout, settings)
+    if arguments.checkpoint_dir:
+        arguments.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    session = orchestrate.new_session(
+        arguments.out,
+        arguments.label,
+        arguments.logs,
+        arguments.timeout,
+        settings,
+        checkpoint=not arguments.no_checkpoint,
+        checkpoint_root=arguments.checkpoint_dir,
+        budget=arguments.budget,
+    )
     session.start()
     print(f"results: {session.results_path}\nlogs: {session.logs}", flush=True)
     if searching:
@@ -97,7 +126,8 @@ def command_run(arguments: argparse.Namespace) -> None:
         orchestrate.search_largest(session, resolve([run_id])[0], base, arguments.search_from)
         return
     run_ids = PRESETS[arguments.preset] if arguments.preset else [part.strip() for part in arguments.runs.split(",")]
-    orchestrate.run_all(session, resolve(run_ids), base, device_counts)
+    gemini, other = arguments.repeats_gemini, arguments.repeats
+    orchestrate.run_all(session, resolve(run_ids), base, device_counts, lambda run: gemini if is_gemini(run) else other)
 
 
 def command_list() -> None:
@@ -107,6 +137,8 @@ def command_list() -> None:
         print(f"{run.id:38} {state:28} {run.description}")
     for name, run_ids in PRESETS.items():
         print(f"preset {name}: {', '.join(run_ids)}")
+    for name, variant in VARIANTS.items():
+        print(f"variant @{name}: {variant.description}")
 
 
 def main(argv: list[str] | None = None) -> None:

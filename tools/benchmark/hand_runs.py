@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from tools.benchmark.model import GPT
 from tools.benchmark.sizes import SIZES
 
 Step = Callable[[torch.Tensor], torch.Tensor]  # a batch in, its loss out, parameters updated
+Save = Callable[[Path], None]  # writes model and optimizer state under a folder (every rank calls it)
 
 
 def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | None:
@@ -38,7 +40,7 @@ def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | No
         "gemini_cpu": gemini_loop,
         "gemini_auto": gemini_loop,
     }
-    step, config = builders[run.name](workload, run, device)
+    step, config, save = builders[run.name](workload, run, device)
     rank, world_size = dist_rank_and_size()
     # The same sequences as the Trainer's DistributedSampler gives this rank (without shuffling).
     sampler = range(rank, len(RandomTokens(workload)), world_size)
@@ -47,6 +49,14 @@ def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | No
     first_step_at = time.perf_counter()
     for batch in loader:
         recorder.step_ended(step(batch.to(device, non_blocking=True)))
+    if workload.checkpoint_dir:
+        # As the Trainer runs do: one checkpoint after the last step, timed until every rank has written.
+        folder = Path(workload.checkpoint_dir, "checkpoint")
+        began = time.perf_counter()
+        save(folder)
+        if dist.is_initialized():
+            dist.barrier()
+        recorder.checkpoint_saved(began, time.perf_counter(), str(folder))
     result = recorder.result()  # on every rank: the memory peaks were gathered collectively
     if dist.is_initialized():
         dist.barrier()
@@ -84,7 +94,7 @@ def autocast(device: torch.device, precision: str) -> Any:
     return nullcontext()
 
 
-def torch_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any]:
+def torch_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any, Save]:
     """fp32 weights, bf16 autocast, fused AdamW; DistributedDataParallel over several devices."""
     with device:
         model: torch.nn.Module = GPT(SIZES[workload.size], workload.length)
@@ -100,10 +110,15 @@ def torch_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    return step, {"autocast": "bf16", "ddp": workload.devices > 1}
+    def save(folder: Path) -> None:
+        if dist_rank_and_size()[0] == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, folder / "state.pt")
+
+    return step, {"autocast": "bf16", "ddp": workload.devices > 1}, save
 
 
-def fsdp_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any]:
+def fsdp_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any, Save]:
     """FSDP2: created on the meta device, fully_shard on every block and then the root, allocated and
     initialised shard by shard. Parameters are gathered in bf16, gradients reduced in fp32, the fp32
     shards are the optimizer's master weights."""
@@ -135,8 +150,16 @@ def fsdp_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step,
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    def save(folder: Path) -> None:
+        # Sharded, each rank writing its own shards (torch.distributed.checkpoint), as our fsdp strategy saves.
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
     config = {"mp_policy": "param bf16, reduce fp32", "root_reshard_after_forward": False, "cpu_offload": offload}
-    return step, config
+    return step, config, save
 
 
 def deepspeed_config(run: Run, workload: Workload) -> dict[str, Any]:
@@ -173,7 +196,7 @@ def deepspeed_config(run: Run, workload: Workload) -> dict[str, Any]:
     }
 
 
-def deepspeed_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any]:
+def deepspeed_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any, Save]:
     optimizers.plain_cuda_architectures()
     import deepspeed
 
@@ -194,15 +217,21 @@ def deepspeed_loop(workload: Workload, run: Run, device: torch.device) -> tuple[
         engine.step()
         return loss
 
-    return step, config
+    def save(folder: Path) -> None:
+        engine.save_checkpoint(str(folder))
+
+    return step, config, save
 
 
 def gemini_plugin_arguments(run: Run) -> dict[str, Any]:
     """GeminiPlugin's arguments for each placement, as our colossalai strategy passes them by default."""
     arguments: dict[str, Any] = {
         "precision": "fp16" if run.precision == "16-mixed" else "bf16",
-        # The strategy's chunk search: 64 MiB range, 32 MiB minimum chunk.
+        # The strategy's chunk search: 64 Mi parameters wide in steps of 16 Ki (its 4096 grids), from
+        # at least 32 Mi parameters. Without hidden_dim GeminiPlugin would step by 1 Ki and could pick
+        # another chunk size than the strategy.
         "search_range_m": 64,
+        "hidden_dim": 64 * 2**20 // 4096,
         "min_chunk_size_m": 32,
     }
     if run.name == "gemini_auto":
@@ -215,7 +244,7 @@ def gemini_plugin_arguments(run: Run) -> dict[str, Any]:
     return arguments
 
 
-def gemini_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any]:
+def gemini_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any, Save]:
     from colossalai.booster import Booster
     from colossalai.booster.plugin import GeminiPlugin
     from colossalai.lazy import LazyInitContext
@@ -234,4 +263,10 @@ def gemini_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Ste
         optimizer.zero_grad()
         return loss
 
-    return step, arguments
+    def save(folder: Path) -> None:
+        # Gathered into one model file and one optimizer file, as our strategy's default ("full") saves.
+        folder.mkdir(parents=True, exist_ok=True)
+        booster.save_model(model, str(folder / "model.pt"))
+        booster.save_optimizer(optimizer, str(folder / "optimizer.pt"))
+
+    return step, arguments, save

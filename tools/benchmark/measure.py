@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +18,7 @@ from tools.benchmark.model import parameter_count, training_flops_per_token
 from tools.benchmark.sizes import SIZES, VOCABULARY
 
 LEARNING_RATE = 1e-4
+GC_FREEZE = "BENCHMARK_GC_FREEZE"  # set by the "gc_frozen" variant (catalogue.VARIANTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,9 @@ class Workload:
     timed_steps: int = 12
     devices: int = 1
     accelerator: str = "cuda"
+    # Where the run saves its checkpoint after the last step (a scratch folder the harness deletes);
+    # None: no checkpoint.
+    checkpoint_dir: str | None = None
 
     @property
     def steps(self) -> int:
@@ -50,27 +56,69 @@ class RandomTokens(torch.utils.data.Dataset):
 
 
 class Recorder:
-    """Collects the loss of every step and times the steps after warm-up.
+    """Collects the loss of every step, times the steps after warm-up, then the checkpoint save.
 
     The device is synchronised only when the last warm-up step and the last timed step end, so
-    the timed steps overlap host and device work as a training loop would.
+    the timed steps overlap host and device work as a training loop would. What could make one
+    run slower than the next is recorded over the timed steps as well: the host-side time of each
+    step (a stall shows as one long step, a uniform slow-down as all steps longer), the time
+    Python's garbage collector ran, and the CUDA allocator's device allocations, frees and retries.
     """
 
     def __init__(self, workload: Workload, device: torch.device) -> None:
         self.workload, self.device = workload, device
         self.losses: list[torch.Tensor] = []
         self.started = self.stopped = 0.0
+        self.step_ends: list[float] = []
         self.peaks: dict[str, int | None] = {}
+        self.gc_seconds, self.gc_collections, self._gc_began = 0.0, 0, 0.0
+        self.allocator_before: dict[str, int] = {}
+        self.allocator: dict[str, int] = {}
+        self.checkpoint: dict[str, Any] = {}
+        # The host's 1-minute load when timing starts and the GPU's SM clock when it ends: a busy host or a
+        # throttled GPU, told apart from a slower program.
+        self.host: dict[str, Any] = {}
 
     def step_ended(self, loss: torch.Tensor) -> None:
         self.losses.append(loss.detach().float().reshape(()).clone())
         if len(self.losses) == self.workload.warmup_steps:
             self._synchronize()
+            if os.environ.get(GC_FREEZE) == "1":
+                # The "gc_frozen" variant: what set-up left behind is collected once and never
+                # scanned again, so a collection during the timed steps walks only the new objects.
+                gc.collect()
+                gc.freeze()
+            self.allocator_before = allocator_counts(self.device)
+            self.host = {"load_average": os.getloadavg()[0], "usable_cpus": len(os.sched_getaffinity(0))}
+            gc.callbacks.append(self._gc_event)
             self.started = time.perf_counter()
-        elif len(self.losses) == self.workload.steps:
-            self._synchronize()
-            self.stopped = time.perf_counter()
-            self.peaks = memory_peaks(self.device)
+            self.step_ends = [self.started]
+        elif len(self.losses) > self.workload.warmup_steps:
+            if len(self.losses) == self.workload.steps:
+                self._synchronize()
+            self.step_ends.append(time.perf_counter())
+            if len(self.losses) == self.workload.steps:
+                self.stopped = self.step_ends[-1]
+                gc.callbacks.remove(self._gc_event)
+                after = allocator_counts(self.device)
+                self.allocator = {key: after[key] - self.allocator_before.get(key, 0) for key in after}
+                self.peaks = memory_peaks(self.device)
+                self.host["gpu_clock_mhz"] = gpu_clock(self.device)
+
+    def _gc_event(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        else:
+            self.gc_seconds += time.perf_counter() - self._gc_began
+            self.gc_collections += 1
+
+    def checkpoint_saved(self, began: float, ended: float, path: str | None) -> None:
+        """The checkpoint save that followed the last step: from ``began`` until every rank had written."""
+        self.checkpoint = {
+            "checkpoint_seconds": ended - began,
+            "end_to_end_seconds": ended - self.started,
+            "checkpoint_bytes": folder_bytes(path) if path else None,
+        }
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -80,6 +128,8 @@ class Recorder:
         workload = self.workload
         if len(self.losses) != workload.steps:
             raise RuntimeError(f"{len(self.losses)} steps ran, {workload.steps} were asked for.")
+        if workload.checkpoint_dir and not self.checkpoint:
+            raise RuntimeError(f"No checkpoint was saved under {workload.checkpoint_dir} after the last step.")
         losses = [float(loss) for loss in self.losses]
         seconds = self.stopped - self.started
         tokens = workload.batch_size * workload.length * workload.devices * workload.timed_steps
@@ -87,6 +137,7 @@ class Recorder:
         size = SIZES[workload.size]
         flops_per_token = training_flops_per_token(size, workload.length)
         peak = peak_bf16_flops(device_name(self.device))
+        end_to_end = self.checkpoint.get("end_to_end_seconds")
         return {
             "tokens_per_second": tokens_per_second,
             "seconds_per_step": seconds / workload.timed_steps,
@@ -95,8 +146,52 @@ class Recorder:
             "final_loss": losses[-1],
             "losses": losses,
             "finite_loss": all(math.isfinite(loss) for loss in losses),
+            "step_seconds": [
+                later - earlier for earlier, later in zip(self.step_ends, self.step_ends[1:], strict=False)
+            ],
+            "gc_seconds": self.gc_seconds,
+            "gc_collections": self.gc_collections,
+            "allocator": self.allocator,
+            **self.host,
+            "checkpoint_seconds": self.checkpoint.get("checkpoint_seconds"),
+            "checkpoint_bytes": self.checkpoint.get("checkpoint_bytes"),
+            "end_to_end_seconds": end_to_end,
+            # The timed steps' tokens over the timed steps plus the save: what a run that ends with a
+            # checkpoint gets per second of wall time.
+            "tokens_per_second_with_checkpoint": tokens / end_to_end if end_to_end else None,
             **self.peaks,
         }
+
+
+def allocator_counts(device: torch.device) -> dict[str, int]:
+    """cudaMalloc and cudaFree calls of PyTorch's caching allocator so far, and its retries (a retry frees
+    every cached block, which synchronises the device)."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "device_allocations": int(stats.get("num_device_alloc", 0)),
+        "device_frees": int(stats.get("num_device_free", 0)),
+        "allocation_retries": int(stats.get("num_alloc_retries", 0)),
+    }
+
+
+def gpu_clock(device: torch.device) -> int | None:
+    """The SM clock now, in MHz (through NVML; None where it cannot be read)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # NVML missing or refused: the clock is a diagnostic, never a reason to fail a run
+        return None
+
+
+def folder_bytes(path: str) -> int:
+    """Bytes of a checkpoint file, or of every file in a checkpoint folder."""
+    root = Path(path)
+    if root.is_file():
+        return root.stat().st_size
+    return sum(item.stat().st_size for item in root.rglob("*") if item.is_file())
 
 
 def memory_peaks(device: torch.device) -> dict[str, int | None]:

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tools.benchmark import repeats
+
 GIB = 2**30
 DIRTY = "-dirty"  # what tools.benchmark.environment.git_commit appends for a modified working tree
 PLOT_COLOURS = {"hand": "#7f7f7f", "trainer": "#1f77b4", "lightning": "#ff7f0e"}
@@ -32,6 +34,35 @@ on random tokens, in a fresh process, for the warm-up steps and then the timed s
   dense bf16 tensor-core rate (H100 SXM and H200: 989 TFLOP/s). Blank for unknown devices.
 - **Memory**: `torch.cuda.max_memory_allocated` / `max_memory_reserved` and the host's peak
   resident set (VmHWM), the largest over the run's processes.
+- **A realistic Trainer run**: the LightningModule logs its loss every step with
+  `self.log("loss", loss, prog_bar=True)`, the progress bar is on, a CSV logger writes every step,
+  and `ModelCheckpoint` saves a checkpoint when the epoch (the last step) ends. By-hand runs save
+  the same state after their last step (torch.save, torch.distributed.checkpoint for FSDP2,
+  `engine.save_checkpoint`, Booster's `save_model`/`save_optimizer`). tokens/s covers the timed
+  steps; "checkpoint (s)" is the save after them, and "steps + checkpoint" divides the same tokens
+  by the timed steps plus the save.
+- **Repeats**: each run is measured several times (3; ColossalAI Gemini 5), round by round
+  (by hand, ours, built-in, by hand, ...), so a drift of the machine touches every run alike.
+  Medians, the spread (highest - lowest) / lowest, and ratios of medians: "vs by hand" against
+  the partner, "vs built-in" against Lightning's own strategy of the same name. A spread over 5%
+  is marked "not steady". "longest step / median" is the slowest timed step (host-side time) over
+  the median one: near 1 for even steps, large when one step stalled.
+
+The drop-in comparison (issue #16 item 4: each strategy through the Trainer at 0.97 or more of the
+backend by hand, and at or above Lightning's built-in) is `bash tools/benchmark/dropin.sh` on one
+GPU: GPT 1.3B, bf16, 8 x 1024 tokens, 4 warm-up + 10 timed steps, fsdp, deepspeed_stage_2 and
+colossalai_cuda, each with its partners, all in one session.
+
+**ColossalAI's spread.** Five Trainer runs of colossalai_cuda (1.3B, one H200) once gave 21,339 to
+47,090 tokens/s. What each run records to name the cause: the host-side time of every timed step
+(one long step is a stall, all steps longer is a slower host), the time Python's garbage collector
+ran, and the caching allocator's cudaMalloc/cudaFree calls and retries in the timed steps. Gemini
+drives every operation on a parameter from Python hooks and, every step, re-allocates each chunk's
+gathered buffer, its gradient buffer and a new shard (partly on its asynchronous reduce stream),
+so its speed may well hang on the host and on the allocator more than FSDP2's or DeepSpeed's:
+a hypothesis until a GPU session's records show it. The `colossalai_variants` preset measures the
+plain runs against `@expandable_segments` (the allocator grows segments in place); `@gc_frozen`
+(the collector skips set-up's objects) is there for when a run's collector time is large.
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """
@@ -96,9 +127,10 @@ def spread_section(sessions: list[tuple[dict[str, Any], list[dict[str, Any]]]]) 
         return ("\n**No run was measured twice**: the run-to-run spread is not known, so small differences are "
                 "not findings.\n")  # fmt: skip
     lines = ["\n## Run-to-run spread\n",
-             "The same run measured in more than one session (each session below names its commit). A speed-up",
-             "or a \"vs by hand\" ratio that lies within this run-to-run spread is not a measured difference.\n",
-             "| run | size | devices | precision | sessions | tokens/s, lowest to highest | spread |",
+             "The same run measured more than once, as repeats of one session or in several sessions (each",
+             "session below names its commit). A speed-up or a \"vs by hand\" ratio that lies within this",
+             "run-to-run spread is not a measured difference.\n",
+             "| run | size | devices | precision | measurements | tokens/s, lowest to highest | spread |",
              "| --- | --- | ---: | --- | ---: | --- | ---: |"]  # fmt: skip
     for (run, size, devices, precision, _), values in sorted(repeated.items()):
         low, high = min(values), max(values)
@@ -120,6 +152,10 @@ def session_section(
         lines.append("**Incomplete**: the session ended before its last run; the runs below are those that finished.\n")
     lines += environment_table(summary)
     measured = [record for record in records if record["status"] == "ok"]
+    rows = summary.get("repeated") or []
+    if any(row["repeats"] > 1 for row in rows):
+        lines += ["Each run measured several times, interleaved round by round; ratios are of medians.\n",
+                  *repeats.table(rows), "", "Every measurement:\n"]  # fmt: skip
     if records and not summary.get("search"):
         lines += results_table(records)
     if summary.get("search"):

@@ -1,5 +1,7 @@
 """CPU tests of the benchmark harness: the tiny GPT trained for real (PyTorch, FSDP2 by hand and
-Trainer(strategy="fsdp") over gloo, on one and two processes), failures recorded, the report written.
+Trainer(strategy="fsdp") over gloo, on one and two processes), the realistic Trainer run (loss logged
+every step, progress bar, checkpoint at the end), repeats interleaved round by round with their
+medians, spreads and ratios, the session budget, failures recorded, the report written.
 
     python -m pytest tools/benchmark/test_harness.py     (needs torch, lightning and lightning-strategies-fsdp;
                                                           matplotlib for the report test)
@@ -18,7 +20,8 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPOSITORY))
 
-from tools.benchmark.catalogue import PRESETS, RUNS  # noqa: E402
+from tools.benchmark import orchestrate, repeats  # noqa: E402
+from tools.benchmark.catalogue import PRESETS, RUNS, VARIANTS, resolve  # noqa: E402
 from tools.benchmark.measure import classify_failure, peak_bf16_flops  # noqa: E402
 from tools.benchmark.model import GPT, parameter_count, training_flops_per_token  # noqa: E402
 from tools.benchmark.sizes import SIZES  # noqa: E402
@@ -50,7 +53,7 @@ def cpu_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, l
     # hand:gemini_cuda needs CUDA (and ColossalAI): it must be recorded as skipped, not crash the harness.
     runs = "hand:torch,hand:fsdp,trainer:fsdp,hand:gemini_cuda"
     completed = benchmark("run", "--runs", runs, "--devices", "2", "--out", str(out), "--label", "cpu", *TINY,
-                          "--logs", str(out / "logs"))  # fmt: skip
+                          "--repeats", "1", "--repeats-gemini", "1", "--logs", str(out / "logs"))  # fmt: skip
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return (out, *read_session(out, "cpu"))
 
@@ -119,7 +122,9 @@ def test_a_crashing_run_becomes_a_recorded_failure(tmp_path: Path) -> None:
     # A batch of zero sequences makes the DataLoader raise inside the worker process.
     arguments = [*TINY]
     arguments[arguments.index("--batch-size") + 1] = "0"
-    completed = benchmark("run", "--runs", "hand:torch", "--out", str(tmp_path), "--label", "crash", *arguments)
+    completed = benchmark(
+        "run", "--runs", "hand:torch", "--repeats", "1", "--out", str(tmp_path), "--label", "crash", *arguments
+    )
     assert completed.returncode == 0, completed.stderr
     _, records = read_session(tmp_path, "crash")
     assert records[0]["status"] == "failed"
@@ -147,5 +152,147 @@ def test_failure_reasons_and_device_peaks() -> None:
 
 def test_presets_name_known_runs() -> None:
     for run_ids in PRESETS.values():
-        assert set(run_ids) <= set(RUNS)
+        assert {run_id.partition("@")[0] for run_id in run_ids} <= set(RUNS)
     assert all(RUNS[run].partner in (None, *RUNS) for run in RUNS)
+
+
+@pytest.fixture(scope="module")
+def repeated_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[dict]]:
+    out = tmp_path_factory.mktemp("repeated")
+    completed = benchmark("run", "--runs", "hand:fsdp,trainer:fsdp,hand:gemini_cuda", "--repeats", "2",
+                          "--repeats-gemini", "3", "--out", str(out), "--label", "repeated", *TINY,
+                          "--checkpoint-dir", str(out / "checkpoints"), "--logs", str(out / "logs"))  # fmt: skip
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return (out, *read_session(out, "repeated"))
+
+
+def test_repeats_run_interleaved_round_by_round(repeated_session) -> None:
+    _, _, records = repeated_session
+    assert [(r["run"], r["repeat"]) for r in records] == [
+        ("hand:fsdp", 1), ("trainer:fsdp", 1), ("hand:gemini_cuda", 1),
+        ("hand:fsdp", 2), ("trainer:fsdp", 2), ("hand:gemini_cuda", 2),
+        ("hand:gemini_cuda", 3),
+    ], [(r["run"], r["status"], r.get("failure")) for r in records]  # fmt: skip
+    assert [r["status"] for r in records if r["run"] != "hand:gemini_cuda"] == ["ok"] * 4
+
+
+def test_the_trainer_run_logs_every_step_shows_a_progress_bar_and_saves_a_checkpoint(repeated_session) -> None:
+    out, _, records = repeated_session
+    for record in (r for r in records if r["status"] == "ok"):
+        assert record["checkpoint_seconds"] > 0 and record["checkpoint_bytes"] > 0, record["run"]
+        # The save is timed after the steps, and the steps alone give tokens/s.
+        assert record["end_to_end_seconds"] >= record["seconds_per_step"] * record["timed_steps"]
+        assert record["tokens_per_second_with_checkpoint"] < record["tokens_per_second"]
+        assert len(record["step_seconds"]) == record["timed_steps"]
+        assert record["gc_seconds"] >= 0 and record["gc_collections"] >= 0
+        assert record["load_average"] >= 0 and record["usable_cpus"] >= 1 and record["gpu_clock_mhz"] is None
+    for record in (r for r in records if r["run"] == "trainer:fsdp"):
+        assert record["loss_logged_steps"] == record["warmup_steps"] + record["timed_steps"]
+        assert record["loss_in_progress_bar"] is True and record["progress_bar"] == "TQDMProgressBar"
+        assert "loss=" in Path(record["log"]).read_text()  # the bar, as printed
+    assert not list((out / "checkpoints").iterdir())  # each run's checkpoint folder is deleted after it
+
+
+def test_summary_and_table_give_medians_spreads_and_ratios(repeated_session) -> None:
+    out, summary, records = repeated_session
+    rows = {row["run"]: row for row in summary["repeated"]}
+    hand = [r["tokens_per_second"] for r in records if r["run"] == "hand:fsdp"]
+    ours = [r["tokens_per_second"] for r in records if r["run"] == "trainer:fsdp"]
+    assert rows["trainer:fsdp"]["measured"] == rows["trainer:fsdp"]["repeats"] == 2
+    assert rows["trainer:fsdp"]["median_tokens_per_second"] == pytest.approx(sum(ours) / 2)
+    assert rows["trainer:fsdp"]["vs_by_hand"] == pytest.approx(sum(ours) / sum(hand))
+    assert rows["trainer:fsdp"]["spread_percent"] == pytest.approx(100 * (max(ours) - min(ours)) / min(ours))
+    assert rows["hand:gemini_cuda"]["repeats"] == 3 and rows["hand:gemini_cuda"]["measured"] == 0
+    assert summary["complete"] is True and summary["not_run_for_budget"] == []
+    assert "| `trainer:fsdp` | tiny | 1 | 2/2 |" in (out / "repeated.md").read_text()
+
+
+def test_report_shows_the_repeated_runs(repeated_session, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out, _, _ = repeated_session
+    page = tmp_path / "benchmarks.md"
+    completed = benchmark("report", "--results", str(out), "--page", str(page))
+    assert completed.returncode == 0, completed.stderr
+    assert "ratios are of medians" in page.read_text() and "| `trainer:fsdp` | tiny | 1 | 2/2 |" in page.read_text()
+
+
+def fake_record(run: str, tokens_per_second: float | None, repeat: int = 1, partner: str | None = None) -> dict:
+    record = {"run": run, "kind": run.split(":")[0], "partner": partner, "size": "1.3b", "devices": 1,
+              "precision": "bf16-mixed", "repeat": repeat, "status": "ok", "tokens_per_second": tokens_per_second,
+              "checkpoint_seconds": 2.0, "tokens_per_second_with_checkpoint": (tokens_per_second or 0) / 2,
+              "step_seconds": [1.0, 1.0, 3.0]}  # fmt: skip
+    if tokens_per_second is None:
+        record.update(status="failed", failure={"reason": "oom_gpu"})
+    return record
+
+
+def test_schedule_interleaves_and_gives_gemini_its_extra_rounds() -> None:
+    order = repeats.schedule(["hand:fsdp", "trainer:fsdp", "trainer:colossalai_cuda"],
+                             lambda run: 5 if "colossalai" in run else 3)  # fmt: skip
+    assert order[:4] == [(1, "hand:fsdp"), (1, "trainer:fsdp"), (1, "trainer:colossalai_cuda"), (2, "hand:fsdp")]
+    assert order[-3:] == [
+        (3, "trainer:colossalai_cuda"),
+        (4, "trainer:colossalai_cuda"),
+        (5, "trainer:colossalai_cuda"),
+    ]
+    assert len(order) == 11
+
+
+def test_aggregate_takes_ratios_of_medians_and_flags_a_spread_over_five_percent() -> None:
+    records = [
+        *(fake_record("hand:fsdp", value, i) for i, value in enumerate([100, 110, 90], 1)),
+        *(fake_record("trainer:fsdp", value, i, "hand:fsdp") for i, value in enumerate([97, 99, 98], 1)),
+        *(fake_record("lightning:fsdp", value, i, "hand:fsdp") for i, value in enumerate([80, 90, None], 1)),
+    ]
+    rows = {row["run"]: row for row in repeats.aggregate(records)}
+    assert rows["hand:fsdp"]["median_tokens_per_second"] == 100
+    assert rows["hand:fsdp"]["spread_percent"] == pytest.approx(100 * 20 / 90)
+    assert rows["trainer:fsdp"]["vs_by_hand"] == pytest.approx(0.98)
+    assert rows["trainer:fsdp"]["vs_built_in"] == pytest.approx(98 / 85)
+    assert rows["lightning:fsdp"]["measured"] == 2 and rows["lightning:fsdp"]["failures"] == ["oom_gpu"]
+    assert rows["hand:fsdp"]["vs_by_hand"] is None and rows["hand:fsdp"]["vs_built_in"] is None
+    assert rows["trainer:fsdp"]["longest_step_over_median"] == 3.0
+    text = "\n".join(repeats.table(list(rows.values())))
+    assert "22.2% (not steady)" in text and "| 2.1% | 0.98 | 1.15 |" in text
+
+
+def test_a_budget_stops_runs_that_would_not_end_in_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = orchestrate.Session(tmp_path, "budget", tmp_path / "logs", 100, {"settings": {}}, budget=25)
+    session.start()
+    timeouts = []
+
+    def fake_measure(session, run, workload, timeout=None, **extra):
+        timeouts.append(timeout)
+        session.began -= 10  # each run takes 10 s
+        record = {**fake_record(run.id, 50.0, extra["repeat"]), "wall_seconds": 10.0}
+        session.append(record)
+        return record
+
+    monkeypatch.setattr(orchestrate, "measure", fake_measure)
+    base = orchestrate.Workload(run="")
+    runs = resolve(["hand:fsdp", "trainer:fsdp", "lightning:fsdp"])
+    orchestrate.run_all(session, runs, base, [1], lambda run: 2)
+    summary = json.loads(session.summary_path.read_text())
+    # Two runs of 10 s fit in 25 s; a third (expected to take as long as the others) would end after it.
+    assert [record["run"] for record in session.records()] == ["hand:fsdp", "trainer:fsdp"]
+    assert summary["not_run_for_budget"] == [
+        "lightning:fsdp x1 repeat 1", "hand:fsdp x1 repeat 2", "trainer:fsdp x1 repeat 2", "lightning:fsdp x1 repeat 2"
+    ]  # fmt: skip
+    assert summary["complete"] is True and len(summary["repeated"]) == 2
+    assert timeouts == [pytest.approx(25, abs=1), pytest.approx(15, abs=1)]  # capped by what the budget leaves
+
+
+def test_variants_are_the_plain_run_with_an_environment() -> None:
+    run = resolve(["trainer:colossalai_cuda@expandable_segments"])[0]
+    assert (run.name, run.kind, run.variant, run.base) == (
+        "colossalai_cuda",
+        "trainer",
+        "expandable_segments",
+        "trainer:colossalai_cuda",
+    )
+    assert run.environment == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert run.partner == "hand:gemini_cuda" and set(VARIANTS) >= {"expandable_segments", "gc_frozen"}
+    for preset in ("dropin", "colossalai_variants"):
+        assert resolve(PRESETS[preset])
+    with pytest.raises(SystemExit, match="Unknown variant"):
+        resolve(["trainer:fsdp@nonsense"])

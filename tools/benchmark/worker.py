@@ -21,12 +21,12 @@ if __package__ in (None, ""):
 
 
 def main() -> int:
-    from tools.benchmark.catalogue import RUNS
+    from tools.benchmark.catalogue import resolve
     from tools.benchmark.measure import Workload, classify_failure, rank
 
     spec_path, result_path = sys.argv[1], sys.argv[2]
     workload = Workload(**json.loads(Path(spec_path).read_text()))
-    run = RUNS[workload.run]
+    run = resolve([workload.run])[0]
     try:
         if run.kind == "hand":
             from tools.benchmark import hand_runs as runs
