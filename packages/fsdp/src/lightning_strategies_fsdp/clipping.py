@@ -25,32 +25,47 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """Scale the gradients in place so their total norm is at most ``max_norm``; return the norm before."""
     parameters = [parameter for parameter in parameters if parameter.grad is not None]
-    gradients = [parameter.grad for parameter in parameters]
-    first = gradients[0] if gradients else None
-    if not isinstance(first, DTensor) or any(
-        not isinstance(gradient, DTensor) or gradient.device_mesh != first.device_mesh for gradient in gradients
-    ):
+    if not sharded_alike(parameters):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)  # torch's own
-    mesh = first.device_mesh
-    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
-    shards = [gradient.to_local() for gradient in gradients]
-    norms = torch.stack(
-        [torch.linalg.vector_norm(shard, norm_type, dtype=torch.float32).to(device) for shard in shards]
-    )
-    infinite = math.isinf(norm_type)
-    total = norms.max() if infinite else norms.pow(norm_type).sum()
-    # Replicated mesh dimensions (HSDP's replicas) hold the same shards: reduce over the sharded ones only.
-    for dimension, placement in enumerate(first.placements):
-        if isinstance(placement, Shard):
-            operation = dist.ReduceOp.MAX if infinite else dist.ReduceOp.SUM
-            dist.all_reduce(total, op=operation, group=mesh.get_group(dimension))
-    total = total if infinite else total.pow(1.0 / norm_type)
+    total = total_norm(parameters, norm_type)
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}), so they cannot be "
             "clipped. Check the loss for NaN or inf, or pass error_if_nonfinite=False to clip anyway."
         )
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for shard in shards:
+    for parameter in parameters:
+        shard = parameter.grad.to_local()  # type: ignore[union-attr]
         shard.mul_(coefficient.to(shard.device, shard.dtype))
     return total
+
+
+@torch.no_grad()
+def total_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+    """The norm of all gradients together, as if unsharded; safe to call for logging, e.g. under CPU offload."""
+    gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    if not gradients:
+        return torch.tensor(0.0)
+    if not sharded_alike(gradients, holders=False):
+        return torch.nn.utils.get_total_norm(gradients, norm_type)
+    mesh, placements = gradients[0].device_mesh, gradients[0].placements  # type: ignore[union-attr]
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
+    shards = [gradient.to_local() for gradient in gradients]  # type: ignore[union-attr]
+    norms = torch.stack([torch.linalg.vector_norm(s, norm_type, dtype=torch.float32).to(device) for s in shards])
+    infinite = math.isinf(norm_type)
+    total = norms.max() if infinite else norms.pow(norm_type).sum()
+    # Replicated mesh dimensions (HSDP's replicas) hold the same shards: reduce over the sharded ones only.
+    for dimension, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            operation = dist.ReduceOp.MAX if infinite else dist.ReduceOp.SUM
+            dist.all_reduce(total, op=operation, group=mesh.get_group(dimension))
+    return total if infinite else total.pow(1.0 / norm_type)
+
+
+def sharded_alike(tensors: list[torch.Tensor], holders: bool = True) -> bool:
+    """Whether every gradient (of ``tensors``, or the tensors themselves) is a DTensor on one mesh."""
+    gradients = [tensor.grad if holders else tensor for tensor in tensors]
+    first = gradients[0] if gradients else None
+    return isinstance(first, DTensor) and all(
+        isinstance(gradient, DTensor) and gradient.device_mesh == first.device_mesh for gradient in gradients
+    )
