@@ -34,9 +34,10 @@ def clip_grad_norm_(
             "clipped. Check the loss for NaN or inf, or pass error_if_nonfinite=False to clip anyway."
         )
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for parameter in parameters:
-        shard = parameter.grad.to_local()  # type: ignore[union-attr]
-        shard.mul_(coefficient.to(shard.device, shard.dtype))
+    for gradient in [parameter.grad for parameter in parameters]:
+        if isinstance(gradient, DTensor):  # all are (sharded_alike); the check is for the type checker
+            shard = gradient.to_local()
+            shard.mul_(coefficient.to(shard.device, shard.dtype))
     return total
 
 
@@ -46,11 +47,12 @@ def total_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> to
     gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
     if not gradients:
         return torch.tensor(0.0)
+    sharded = [gradient for gradient in gradients if isinstance(gradient, DTensor)]
     if not sharded_alike(gradients, holders=False):
         return torch.nn.utils.get_total_norm(gradients, norm_type)
-    mesh, placements = gradients[0].device_mesh, gradients[0].placements  # type: ignore[union-attr]
+    mesh, placements = sharded[0].device_mesh, sharded[0].placements
     device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
-    shards = [gradient.to_local() for gradient in gradients]  # type: ignore[union-attr]
+    shards = [gradient.to_local() for gradient in sharded]
     norms = torch.stack([torch.linalg.vector_norm(s, norm_type, dtype=torch.float32).to(device) for s in shards])
     infinite = math.isinf(norm_type)
     total = norms.max() if infinite else norms.pow(norm_type).sum()
