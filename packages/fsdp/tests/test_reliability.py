@@ -63,10 +63,10 @@ def test_trainer_refuses_damaged_and_foreign_checkpoints_on_every_rank(reliabili
     result = read(reliability_run, "refusals")
     assert "__1_0.distcp is truncated: 100 bytes" in result["truncated_shard"]
     assert EARLIER in result["truncated_shard"]
-    assert "is a DeepSpeed checkpoint" in result["deepspeed_folder"]
-    assert "python -m lightning_strategies_deepspeed.convert" in result["deepspeed_folder"]
+    assert "is another package's checkpoint" in result["foreign_folder"]  # stood in for: see scenarios.py
+    assert "another-package-convert" in result["foreign_folder"]
     assert result["truncated_shard_on_every_rank"]
-    assert result["deepspeed_folder_on_every_rank"]
+    assert result["foreign_folder_on_every_rank"]
 
 
 def load(path: Path, weights_only: bool | None = None) -> dict:

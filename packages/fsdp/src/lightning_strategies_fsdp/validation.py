@@ -26,7 +26,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import COLOSSALAI, DEEPSPEED, check_file, foreign_checkpoint_error, identify
+from lightning_strategies.checkpoints import FILE, check_file, foreign_checkpoint_error, identify
+from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.options import STRATEGY
 
 METADATA_FILE = "meta.pt"
@@ -58,7 +59,8 @@ _PATH_TYPES = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
 
 def check_checkpoint_path(path: Path) -> None:
     """Refuse a path holding neither a sharded (DCP folder) nor a full (single file) checkpoint of this package."""
-    if identify(path) in (DEEPSPEED, COLOSSALAI):
+    found = identify(path)
+    if found is not None and found.key not in (DCP.key, FILE.key):  # another installed package's layout
         raise foreign_checkpoint_error(path, STRATEGY, "a sharded checkpoint folder (DCP) or a full checkpoint file")
     if not path.exists():
         raise CheckpointError(
