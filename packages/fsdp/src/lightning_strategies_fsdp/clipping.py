@@ -24,36 +24,51 @@ def clip_grad_norm_(
     parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False
 ) -> torch.Tensor:
     """Scale the gradients in place so their total norm is at most ``max_norm``; return the norm before."""
-    parameters = [parameter for parameter in parameters if parameter.grad is not None]
-    if not sharded_alike(parameters):
+    parameters = list(parameters)
+    gradients = _sharded_gradients(parameters)
+    if gradients is None:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)  # torch's own
-    total = total_norm(parameters, norm_type)
+    total = _sharded_norm(gradients, norm_type)
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}), so they cannot be "
             "clipped. Check the loss for NaN or inf, or pass error_if_nonfinite=False to clip anyway."
         )
     coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for gradient in [parameter.grad for parameter in parameters]:
-        if isinstance(gradient, DTensor):  # all are (sharded_alike); the check is for the type checker
-            shard = gradient.to_local()
-            shard.mul_(coefficient.to(shard.device, shard.dtype))
+    for gradient in gradients:
+        shard = gradient.to_local()
+        shard.mul_(coefficient.to(shard.device, shard.dtype))
     return total
 
 
 @torch.no_grad()
 def total_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
     """The norm of all gradients together, as if unsharded; safe to call for logging, e.g. under CPU offload."""
+    parameters = list(parameters)
+    gradients = _sharded_gradients(parameters)
+    if gradients is not None:
+        return _sharded_norm(gradients, norm_type)
+    plain = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    return torch.nn.utils.get_total_norm(plain, norm_type) if plain else torch.tensor(0.0)
+
+
+def _sharded_gradients(parameters: list[torch.Tensor]) -> list[DTensor] | None:
+    """The gradients where every one is a DTensor on one mesh (FSDP2's); None otherwise, for torch's own path."""
     gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
-    if not gradients:
-        return torch.tensor(0.0)
     sharded = [gradient for gradient in gradients if isinstance(gradient, DTensor)]
-    if not sharded_alike(gradients, holders=False):
-        return torch.nn.utils.get_total_norm(gradients, norm_type)
-    mesh, placements = sharded[0].device_mesh, sharded[0].placements
+    if not sharded or len(sharded) != len(gradients):
+        return None
+    mesh = sharded[0].device_mesh
+    return sharded if all(gradient.device_mesh == mesh for gradient in sharded) else None
+
+
+def _sharded_norm(gradients: list[DTensor], norm_type: float) -> torch.Tensor:
+    """Sum the shards' norms here, on their own device, and reduce one scalar on the mesh's device."""
+    mesh, placements = gradients[0].device_mesh, gradients[0].placements
     device = torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" else torch.device("cpu")
-    shards = [gradient.to_local() for gradient in sharded]
-    norms = torch.stack([torch.linalg.vector_norm(s, norm_type, dtype=torch.float32).to(device) for s in shards])
+    norms = torch.stack(
+        [torch.linalg.vector_norm(g.to_local(), norm_type, dtype=torch.float32).to(device) for g in gradients]
+    )
     infinite = math.isinf(norm_type)
     total = norms.max() if infinite else norms.pow(norm_type).sum()
     # Replicated mesh dimensions (HSDP's replicas) hold the same shards: reduce over the sharded ones only.
@@ -62,12 +77,3 @@ def total_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> to
             operation = dist.ReduceOp.MAX if infinite else dist.ReduceOp.SUM
             dist.all_reduce(total, op=operation, group=mesh.get_group(dimension))
     return total if infinite else total.pow(1.0 / norm_type)
-
-
-def sharded_alike(tensors: list[torch.Tensor], holders: bool = True) -> bool:
-    """Whether every gradient (of ``tensors``, or the tensors themselves) is a DTensor on one mesh."""
-    gradients = [tensor.grad if holders else tensor for tensor in tensors]
-    first = gradients[0] if gradients else None
-    return isinstance(first, DTensor) and all(
-        isinstance(gradient, DTensor) and gradient.device_mesh == first.device_mesh for gradient in gradients
-    )
