@@ -186,13 +186,10 @@ def test_cpu_adam_with_master_weights_on_the_gpu_is_refused_at_setup(tmp_path, n
     [
         ("full", "cuda"),
         ("sharded", "cuda"),
-        # Measured on an H200 (2026-11-22, colossalai 0.5.0): with CPU-held chunks the resumed fp32
-        # master weights differ from the uninterrupted run by up to 6.8e-5 (0.4% relative). Likely
-        # cause, from reading ColossalAI's source, not yet measured: its C++ CPU Adam kernel keeps
-        # beta**t itself (cpu_adam.h, IncrementStep), outside the optimizer state a checkpoint holds,
-        # so a fresh kernel's first resumed step differs in the last bit. Strict: a fix shows.
-        pytest.param("full", "cpu", marks=pytest.mark.xfail(strict=True, reason="inexact resume with CPU chunks")),
-        pytest.param("sharded", "cpu", marks=pytest.mark.xfail(strict=True, reason="inexact resume with CPU chunks")),
+        # With CPU-held chunks the resume was inexact (up to 6.8e-5, H200, 2026-11-22) until the CPU
+        # Adam kernel's own beta**t was replayed after loading (checkpoint_state.replay_cpu_adam_kernel).
+        ("full", "cpu"),
+        ("sharded", "cpu"),
     ],
 )
 def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type, placement):

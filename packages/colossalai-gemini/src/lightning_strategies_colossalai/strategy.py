@@ -329,10 +329,11 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             checkpoint_state.load_loss_scaler_state(
                 self.gemini_optimizer, checkpoint.get(checkpoint_state.LOSS_SCALER_KEY)
             )
-        if checkpoint.get(sharded.SHARDED_MARKER):
-            return  # loaded from the shard files in load_checkpoint
-        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
-            getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)
+        if not checkpoint.get(sharded.SHARDED_MARKER):  # else loaded from the shard files in load_checkpoint
+            for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
+                getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)
+        if self.optimizers:
+            checkpoint_state.replay_cpu_adam_kernel(self.gemini_optimizer.optim)
 
     # --------------------------------------------------------------------------------- teardown
 
