@@ -4,15 +4,17 @@
 #
 # PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S
 # (240), so one hang cannot eat the whole call. A pytest -k expression after a colon runs part of a
-# package's tier, `deepspeed=200:resume or nodes`, to re-check a fix without paying for the rest. A test gets TIER_TEST_TIMEOUT_S (180; pytest-timeout
-# is in the GPU image) and fails with its traceback instead of silencing the tests after it. Logs
-# and a summary go to $OUT as they are written, so a killed call still returns them.
+# package's tier, `deepspeed=200:resume or nodes`, to re-check a fix without paying for the rest. A
+# test gets TIER_TEST_TIMEOUT_S (180; pytest-timeout is in the GPU image) and fails with its traceback
+# instead of silencing the tests after it. Logs and a summary go to $OUT as they are written, so a
+# killed call still returns them.
 #
 # JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
 # minutes compiling: `.kernels/kernels.tar.gz.part-*` beside the checkout (name `.kernels` in the
 # device tool's carry) is unpacked before the tests, and the cache is packed again into $OUT
 # afterwards, in parts of 15 MiB (the device tool returns files of at most 16 MiB).
 set -uo pipefail
+tier_start=$(date +%s)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 out=${OUT:-$repo/.gpu-tier}
 mkdir -p "$out"
@@ -31,9 +33,9 @@ fi
 packages=("$@")
 [ ${#packages[@]} -gt 0 ] || packages=(fsdp colossalai-gemini deepspeed)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/summary.txt"
-status=0
-for item in "${packages[@]}"; do
-  select=""
+
+run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/PACKAGE.log and a summary line
+  local item=$1 select="" package limit start code counts
   if [[ $item == *:* ]]; then select=${item#*:}; item=${item%%:*}; fi
   package=${item%%=*}
   limit=${item#*=}
@@ -41,13 +43,33 @@ for item in "${packages[@]}"; do
   start=$(date +%s)
   # SIGINT, not TERM: pytest then prints the failures it has seen, which a cut call would lose.
   timeout -s INT -k 30 "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
-    --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider ${select:+-k "$select"} 2>&1 | tee "$out/$package.log"
-  code=${PIPESTATUS[0]}
-  [ "$code" -eq 0 ] || status=1
+    --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider ${select:+-k "$select"} >"$out/$package.log" 2>&1
+  code=$?
   counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$out/$package.log" | tail -1)
-  echo "$package: exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" | tee -a "$out/summary.txt"
-  rm -f "$out"/kernels.tar.gz.part-*
-  tar -czPf - "${kernels[@]}" 2>/dev/null | split -b 15m - "$out/kernels.tar.gz.part-"
+  echo "$package: exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" >>"$out/summary.txt"
+  return "$code"
+}
+
+# The packages run side by side: their tests use tiny models, so the GPUs, 32 cores and host memory have
+# room for all three, and the tier takes as long as its slowest package instead of the sum. Every launch
+# takes a free port, so the packages' rendezvous do not meet. TIER_PARALLEL=0 runs them one after another.
+status=0
+pids=()
+for item in "${packages[@]}"; do
+  if [ "${TIER_PARALLEL:-1}" = 1 ]; then
+    run_package "$item" & pids+=($!)
+  else
+    run_package "$item" || status=1
+  fi
 done
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+for item in "${packages[@]}"; do
+  package=${item%%[=:]*}
+  echo "===== $package"
+  cat "$out/$package.log"
+done
+echo "tier: whole command in $(( $(date +%s) - tier_start )) s, the wheelhouse install included" | tee -a "$out/summary.txt"
+rm -f "$out"/kernels.tar.gz.part-*
+tar -czPf - "${kernels[@]}" 2>/dev/null | split -b 15m - "$out/kernels.tar.gz.part-"
 cat "$out/summary.txt"
 exit $status

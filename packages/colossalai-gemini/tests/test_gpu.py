@@ -303,3 +303,20 @@ def test_two_gpus_train_and_resume(tmp_path, state_dict_type, placement, precisi
     loaded = master_weights(one)
     for key, value in saved.items():
         torch.testing.assert_close(loaded[key].cpu(), value, rtol=0, atol=0)
+
+
+@gpus(2)
+def test_two_gpus_clipping_with_cpu_chunks_matches_chunks_on_the_gpu(tmp_path):
+    """colossalai_cpu clips to the same total norm as the placement that keeps every chunk on the GPU."""
+    subprocess.run(
+        [sys.executable, str(SCRIPTS / "clipping.py"), str(tmp_path)],
+        check=True,
+        timeout=600,
+        env=fresh_launch_environment(),
+    )
+    result = json.loads((tmp_path / "clipping.json").read_text())
+    assert len(result["cuda"]) == 4
+    assert all(norm > result["clip"] for norm in result["cuda"])  # every step really clipped
+    assert result["cpu"] == pytest.approx(result["cuda"], rel=1e-3)
+    # Clipping moved the weights far more than the two placements' kernels differ from each other.
+    assert result["placements_differ_by"] < result["clipping_changes_weights_by"] / 100, result
