@@ -315,8 +315,9 @@ def test_two_gpus_clipping_with_cpu_chunks_matches_chunks_on_the_gpu(tmp_path):
         env=fresh_launch_environment(),
     )
     result = json.loads((tmp_path / "clipping.json").read_text())
-    assert len(result["cuda"]) == 4
-    assert all(norm > result["clip"] for norm in result["cuda"])  # every step really clipped
-    assert result["cpu"] == pytest.approx(result["cuda"], rel=1e-3)
+    stepped = [norm for norm in result["cuda"] if norm is not None]  # fp16 may skip the first steps
+    assert len(stepped) >= 2 and all(norm > result["clip"] for norm in stepped)  # every step really clipped
+    assert [norm is None for norm in result["cpu"]] == [norm is None for norm in result["cuda"]]
+    assert [norm for norm in result["cpu"] if norm is not None] == pytest.approx(stepped, rel=1e-3)
     # Clipping moved the weights far more than the two placements' kernels differ from each other.
     assert result["placements_differ_by"] < result["clipping_changes_weights_by"] / 100, result
