@@ -164,7 +164,8 @@ class TreeSampler(threading.Thread):
 
 
 def measure(configuration: Configuration, settings: dict[str, Any], steps: int, accelerator: str, timeout: float):
-    """One short fit in a fresh process tree: (per-device GPU peaks, host peak of the tree, failure or None)."""
+    """One short fit in a fresh process tree: (per-device GPU peaks, host peak of the tree, each rank's resident
+    memory by stage, failure or None)."""
     with tempfile.TemporaryDirectory(prefix="memory-accuracy-") as scratch:
         spec = Path(scratch, "spec.json")
         spec.write_text(json.dumps({**dataclasses.asdict(configuration), "settings": settings, "steps": steps,
@@ -189,9 +190,44 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
             output, _ = process.communicate()
         host_peak = sampler.stop()
         ranks = sorted(Path(scratch).glob("rank-*.json"))
-        gpu_peaks = [json.loads(path.read_text())["max_memory_allocated"] for path in ranks]
+        records = [json.loads(path.read_text()) for path in ranks]
+        gpu_peaks = [record["max_memory_allocated"] for record in records]
+        stages = [record["host_stages_gib"] for record in records]
         failure = None if process.returncode == 0 and gpu_peaks else output[-3000:]
-        return gpu_peaks, host_peak, failure
+        return gpu_peaks, host_peak, stages, failure
+
+
+def resident_gib() -> tuple[float, float]:
+    """(resident now, peak resident so far) of this process in GiB."""
+    import resource
+
+    now = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:"))
+    return int(now.split()[1]) / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def host_stages_callback() -> Any:
+    """A callback that notes this rank's resident memory as training sets up: where the host peak is reached
+    (before the model, after configure_model and the strategy's setup, after the first step) tells which
+    term of the planner's host prediction is off."""
+    from lightning.pytorch.callbacks import Callback
+
+    class HostStages(Callback):
+        def __init__(self) -> None:
+            self.stages = {"before_trainer": resident_gib()}
+
+        def setup(self, trainer: Any, module: Any, stage: str) -> None:
+            self.stages["before_configure_model"] = resident_gib()
+
+        def on_fit_start(self, trainer: Any, module: Any) -> None:
+            self.stages["after_strategy_setup"] = resident_gib()
+
+        def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
+            self.stages.setdefault("after_first_step", resident_gib())
+
+        def on_train_end(self, trainer: Any, module: Any) -> None:
+            self.stages["end"] = resident_gib()
+
+    return HostStages()
 
 
 def child(spec_path: Path) -> None:
@@ -215,7 +251,9 @@ def child(spec_path: Path) -> None:
         accelerator=spec["accelerator"],
     )
     strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
+    stages = host_stages_callback()
     trainer = Trainer(
+        callbacks=[stages],
         accelerator=spec["accelerator"],
         devices=spec["devices"],
         strategy=strategy,
@@ -231,7 +269,8 @@ def child(spec_path: Path) -> None:
     trainer.fit(GPTModule(workload, optimizer_for(spec["strategy"], spec["settings"])), loader)
     device = trainer.strategy.root_device
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": peak}
+    record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": peak,
+              "host_stages_gib": stages.stages}  # fmt: skip
     Path(spec["results"], f"rank-{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
@@ -272,7 +311,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
     records = []
     for configuration in configurations:
         predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory)
-        gpu_peaks, host_peak, failure = measure(
+        gpu_peaks, host_peak, host_stages, failure = measure(
             configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout
         )
         gpu_measured = max(gpu_peaks) / 2**30 if gpu_peaks and None not in gpu_peaks else None
@@ -291,6 +330,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
             "host_predicted_gib": predicted["host_peak_gib"],
             "host_measured_gib": host_measured,
             "host_error": host_error,
+            "host_stages_per_rank_gib": host_stages,
             "within_tolerance": failure is None and len(errors) == 2 and max(errors) <= TOLERANCE,
             "failure": failure,
         }
