@@ -16,7 +16,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_strategies.testing import record_checks
+from lightning_strategies.testing import QUIET_TRAINER, record_checks
 from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
 
@@ -28,11 +28,8 @@ def fit(model: Any, callbacks: list[Any] | None = None) -> Trainer:
         devices=1,
         max_steps=2,
         callbacks=callbacks or [],
-        logger=False,
+        **QUIET_TRAINER,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         limit_val_batches=0,
     )
     trainer.fit(model)
