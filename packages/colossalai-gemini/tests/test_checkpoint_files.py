@@ -20,7 +20,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_strategies.checkpoints import STAGING_FOLDER, staging_path
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies.testing import written_by_another_package
+from lightning_strategies.testing import another_packages_checkpoint, written_by_another_package
 from lightning_strategies_colossalai.sharded_checkpoint import SHARDED_MARKER, sharded_meta
 from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
@@ -162,10 +162,10 @@ def test_remote_full_checkpoint_goes_through_the_checkpoint_io_unstaged(lightnin
 
 
 def test_another_packages_folder_is_named_with_its_conversion(tmp_path):
-    path = tmp_path / "other.ckpt"
-    path.mkdir()
-    (path / "shard-0").write_bytes(b"x")
-    with written_by_another_package(path), pytest.raises(CheckpointError, match=r"is another package's.*-convert"):
+    with (
+        another_packages_checkpoint(tmp_path) as path,
+        pytest.raises(CheckpointError, match=r"is another package's.*-convert"),
+    ):
         strategy().load_checkpoint(path)
 
 

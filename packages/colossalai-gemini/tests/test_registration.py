@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from lightning_strategies.registry import get_registry
+from lightning_strategies.testing import assert_install_hints_match, assert_layout_identified_only_through
 
+DISTRIBUTION = "lightning-strategies-colossalai-gemini"
 NAMES = {"colossalai": "auto", "colossalai_cuda": "cuda", "colossalai_cpu": "cpu", "colossalai_auto": "auto"}
 
 
@@ -19,7 +21,7 @@ def test_name_metadata(name, placement):
     assert entry.accelerators == ("cuda",)
     assert entry.precisions == ("16-mixed", "bf16-mixed")
     assert entry.optimizers == ("colossalai.nn.optimizer:HybridAdam", "colossalai.nn.optimizer:CPUAdam")
-    assert entry.distribution == "lightning-strategies-colossalai-gemini"
+    assert entry.distribution == DISTRIBUTION
 
 
 @pytest.mark.parametrize(("name", "placement"), NAMES.items())
@@ -90,10 +92,7 @@ def test_doctor_reports_colossalai_which_core_cannot_see() -> None:
         assert detail.startswith(f"{installed} (tested: ")
 
 
-def test_core_identifies_colossalai_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
-    from lightning_strategies import registry as registry_module
-    from lightning_strategies.checkpoints import identify
-    from lightning_strategies.plugins import register_plugin
+def test_core_identifies_colossalai_checkpoints_only_through_this_plugin(tmp_path) -> None:
     from lightning_strategies_colossalai import plugin
     from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
 
@@ -101,20 +100,10 @@ def test_core_identifies_colossalai_checkpoints_only_through_this_plugin(tmp_pat
     (folder / "model").mkdir(parents=True)
     (folder / "meta.pt").write_bytes(b"x")
     (folder / "model" / "pytorch_model.bin.index.json").write_text("{}")
-
-    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
-    assert identify(folder) is None
-    register_plugin(registry_module.get_registry(), plugin, "colossalai", "lightning-strategies-colossalai-gemini")
-    assert identify(folder) is COLOSSALAI
-    assert identify(folder / "model") is None
+    assert_layout_identified_only_through(
+        plugin, "colossalai", DISTRIBUTION, COLOSSALAI, [folder], not_matching=[folder / "model"]
+    )
 
 
 def test_cores_install_hints_list_exactly_the_names_this_package_registers():
-    # core keeps the names to say which package to install when this one is missing; they must not drift.
-    from lightning_strategies.known import PROJECT_PACKAGES
-    from lightning_strategies.registry import get_registry
-
-    registered = {
-        entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-colossalai-gemini"
-    }
-    assert registered and set(PROJECT_PACKAGES["lightning-strategies-colossalai-gemini"]) == registered
+    assert_install_hints_match(DISTRIBUTION)

@@ -3,13 +3,16 @@ distributions that real entry-point discovery finds."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from lightning_strategies import hookimpl
 from lightning_strategies import registry as registry_module
 from lightning_strategies.plugins import register_plugin
 from lightning_strategies.registry import StrategyRegistry
@@ -31,9 +34,12 @@ def installed_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def add_plugin(registry: StrategyRegistry) -> Callable[..., None]:
-    """Register a plugin object (anything with hook implementations) as if a distribution shipped it."""
+    """Register a plugin object (anything with hook implementations) as if a distribution shipped it; a bare
+    function stands for a plugin whose one hook is that function (named as the hook)."""
 
     def add(plugin: object, name: str = "throwaway", distribution: str = "throwaway-dist") -> None:
+        if inspect.isfunction(plugin):
+            plugin = SimpleNamespace(**{plugin.__name__: hookimpl(plugin)})
         register_plugin(registry, plugin, name, distribution, "1.0")
 
     return add

@@ -11,14 +11,7 @@ import pytest
 import torch
 
 from lightning_strategies import checkpoints, hookimpl
-from lightning_strategies.checkpoints import (
-    FILE,
-    CheckpointFormat,
-    foreign_checkpoint_error,
-    format_named,
-    identify,
-    installed_formats,
-)
+from lightning_strategies.checkpoints import FILE, CheckpointFormat, identify
 from lightning_strategies.registry import StrategyRegistry
 
 
@@ -60,9 +53,9 @@ def test_a_plugins_format_is_recognised_only_while_the_plugin_is_registered(
     assert identify(acme_folder) is None
     add_plugin(AcmePlugin(), name="acme")
     assert identify(acme_folder) is ACME
-    assert installed_formats() == [ACME] and format_named("acme") is ACME
+    assert checkpoints.installed_formats() == [ACME] and checkpoints.format_named("acme") is ACME
     registry.plugin_manager.unregister(name="acme")
-    assert identify(acme_folder) is None and format_named("acme") is None
+    assert identify(acme_folder) is None and checkpoints.format_named("acme") is None
 
 
 def test_a_single_torch_save_file_is_cores_own_format(registry: StrategyRegistry, tmp_path: Path) -> None:
@@ -111,7 +104,7 @@ def test_the_error_names_the_format_its_reader_and_the_conversion(
     registry: StrategyRegistry, add_plugin: Callable[..., None], acme_folder: Path
 ) -> None:
     add_plugin(AcmePlugin(), name="acme")
-    message = str(foreign_checkpoint_error(acme_folder, "FSDP2Strategy", "a DCP folder or one full file"))
+    message = str(checkpoints.foreign_checkpoint_error(acme_folder, "FSDP2Strategy", "a DCP folder or one full file"))
     assert "is an Acme sharded folder (acme.index" in message
     assert "FSDP2Strategy reads a DCP folder or one full file" in message
     assert 'Resume it with the acme strategy (strategy="acme"' in message
@@ -121,7 +114,7 @@ def test_the_error_names_the_format_its_reader_and_the_conversion(
 def test_an_unknown_layout_says_to_check_the_path_or_install_its_package(
     registry: StrategyRegistry, acme_folder: Path
 ) -> None:
-    message = str(foreign_checkpoint_error(acme_folder, "DeepSpeedStrategy", "a DeepSpeed folder"))
+    message = str(checkpoints.foreign_checkpoint_error(acme_folder, "DeepSpeedStrategy", "a DeepSpeed folder"))
     assert "no checkpoint layout that the installed strategy packages know" in message
     assert "Check the path" in message and "install that package" in message
 

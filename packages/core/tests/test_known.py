@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from lightning_strategies.known import LIGHTNING_FABRIC_NAMES, LIGHTNING_TRAINER_NAMES
+from lightning_strategies.testing import assert_install_hints_match
 
 
 def test_builtin_names_match_lightnings_registries_per_entry_point():
@@ -42,5 +43,4 @@ def test_install_hints_list_exactly_the_names_each_installed_project_package_reg
     if not installed:
         pytest.skip("no project strategy package is installed beside core; each package's tests check its own")
     for distribution in installed:
-        registered = {entry.name for entry in registry if entry.distribution == distribution}
-        assert set(PROJECT_PACKAGES[distribution]) == registered, distribution
+        assert_install_hints_match(distribution, registry)

@@ -52,13 +52,11 @@ def test_two_distributions_claiming_a_name_is_an_error_naming_both(registry, add
 
 
 def test_replacing_a_builtin_needs_a_declaration(registry, add_plugin):
-    class Undeclared:
-        @hookimpl
-        def register_strategies(registry):
-            registry.register("deepspeed", "somewhere:Strategy")
-            registry.register("own_name", "somewhere:Strategy")
+    def register_strategies(registry):
+        registry.register("deepspeed", "somewhere:Strategy")
+        registry.register("own_name", "somewhere:Strategy")
 
-    add_plugin(Undeclared)
+    add_plugin(register_strategies)
     assert "deepspeed" not in registry
     assert "own_name" in registry
     (problem,) = registry.problems
@@ -66,12 +64,10 @@ def test_replacing_a_builtin_needs_a_declaration(registry, add_plugin):
 
 
 def test_declared_replacement_of_a_builtin_is_allowed(registry, add_plugin):
-    class Declared:
-        @hookimpl
-        def register_strategies(registry):
-            registry.register("deepspeed", "somewhere:Strategy", replaces_builtin=True)
+    def register_strategies(registry):
+        registry.register("deepspeed", "somewhere:Strategy", replaces_builtin=True)
 
-    add_plugin(Declared)
+    add_plugin(register_strategies)
     assert registry.entry("deepspeed").replaces_builtin
 
 
@@ -97,13 +93,11 @@ def test_typo_of_a_project_name_hints_at_its_package(registry):
 
 
 def test_a_failing_hook_leaves_no_names_behind(registry, add_plugin):
-    class HalfWay:
-        @hookimpl
-        def register_strategies(registry):
-            registry.register("half_way", "somewhere:Strategy")
-            raise RuntimeError("boom")
+    def register_strategies(registry):
+        registry.register("half_way", "somewhere:Strategy")
+        raise RuntimeError("boom")
 
-    add_plugin(HalfWay, name="half")
+    add_plugin(register_strategies, name="half")
     add_plugin(AcmePlugin, name="acme")
     assert registry.names() == ["acme"]
     (problem,) = registry.problems
@@ -111,22 +105,18 @@ def test_a_failing_hook_leaves_no_names_behind(registry, add_plugin):
 
 
 def test_hook_implementations_may_take_fewer_arguments(registry, add_plugin):
-    class NoArguments:
-        @hookimpl
-        def register_strategies():
-            pass
+    def register_strategies():
+        pass
 
-    add_plugin(NoArguments, name="quiet")
+    add_plugin(register_strategies, name="quiet")
     assert registry.loaded_plugins == ["quiet"] and not registry.problems
 
 
 def test_a_misspelt_hook_is_reported(registry, add_plugin):
-    class Misspelt:
-        @hookimpl
-        def register_strategy(registry):
-            pass
+    def register_strategy(registry):
+        pass
 
-    add_plugin(Misspelt, name="misspelt")
+    add_plugin(register_strategy, name="misspelt")
     (problem,) = registry.problems
     assert "register_strategy" in problem.reason
 
@@ -140,12 +130,10 @@ def test_a_misspelt_hook_is_reported(registry, add_plugin):
     ],
 )
 def test_register_refuses_malformed_calls(registry, add_plugin, call, message):
-    class Bad:
-        @hookimpl
-        def register_strategies(registry):
-            call(registry)
+    def register_strategies(registry):
+        call(registry)
 
-    add_plugin(Bad, name="bad")
+    add_plugin(register_strategies, name="bad")
     (problem,) = registry.problems
     assert message in problem.reason
 
@@ -167,24 +155,20 @@ def test_a_class_is_a_valid_target(registry, add_plugin):
         def __init__(self, greeting="hello"):
             self.greeting = greeting
 
-    class ByClass:
-        @hookimpl
-        def register_strategies(registry):
-            registry.register("by_class", Strategy, init_params={"greeting": "hi"})
+    def register_strategies(registry):
+        registry.register("by_class", Strategy, init_params={"greeting": "hi"})
 
-    add_plugin(ByClass)
+    add_plugin(register_strategies)
     assert registry.resolve("by_class").greeting == "hi"
     assert registry.resolve("by_class", greeting="yo").greeting == "yo"
 
 
 def test_a_plugin_registering_a_name_twice_is_skipped_alone(registry, add_plugin):
-    class Twice:
-        @hookimpl
-        def register_strategies(registry):
-            registry.register("twice", "somewhere:Strategy")
-            registry.register("TWICE", "somewhere:Strategy")
+    def register_strategies(registry):
+        registry.register("twice", "somewhere:Strategy")
+        registry.register("TWICE", "somewhere:Strategy")
 
-    add_plugin(Twice, name="twice")
+    add_plugin(register_strategies, name="twice")
     add_plugin(AcmePlugin, name="acme")
     assert registry.names() == ["acme"]
     assert "called twice" in registry.problems[0].reason

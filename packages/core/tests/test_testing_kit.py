@@ -1,13 +1,32 @@
-"""The test kit that core's pytest plugin gives every package: markers, a free port, a script runner."""
+"""The test kit that core's pytest plugin gives every package: markers, a free port, a script runner, recorded
+errors, and the checks each package makes of its plugin against core."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
-from lightning_strategies.testing import ScriptFailed, free_port, run_script
+from lightning_strategies import hookimpl
+from lightning_strategies.checkpoints import FILE, CheckpointFormat, identify
+from lightning_strategies.plugins import register_plugin
+from lightning_strategies.registry import StrategyRegistry
+from lightning_strategies.testing import (
+    ANOTHER_PACKAGE,
+    ScriptFailed,
+    another_packages_checkpoint,
+    assert_install_hints_match,
+    assert_layout_identified_only_through,
+    described,
+    error_of,
+    free_port,
+    raised_by,
+    record_checks,
+    run_script,
+)
 
 
 def test_the_plugin_registers_the_gpu_and_tpu_markers(pytestconfig: pytest.Config) -> None:
@@ -49,3 +68,87 @@ def test_a_failed_script_raises_with_the_tail_of_its_output() -> None:
 def test_an_unchecked_failure_is_returned() -> None:
     completed = run_script("-c", "import sys; sys.exit(2)", check=False)
     assert completed.returncode == 2
+
+
+def test_a_recorded_error_is_its_type_and_message() -> None:
+    def refuse() -> None:
+        raise ValueError("no such folder")
+
+    assert isinstance(raised_by(refuse), ValueError)
+    assert raised_by(lambda: None) is None
+    assert error_of(refuse) == "ValueError: no such folder"
+    assert error_of(lambda: None) == described(None) == "no error"
+
+
+def test_recorded_checks_keep_measured_values_and_errors(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    checks = {"measured": lambda: {"steps": 2}, "ran": lambda: object(), "refused": lambda: 1 / 0}
+    record_checks(checks, out)
+    assert json.loads(out.read_text()) == {
+        "measured": {"value": {"steps": 2}},
+        "ran": {"value": None},
+        "refused": {"error": "ZeroDivisionError: division by zero"},
+    }
+
+
+class NamesPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register("fsdp", "somewhere:Strategy", replaces_builtin=True)
+
+
+class XlaNamesPlugin:
+    @hookimpl
+    def register_strategies(registry):
+        for name in ("xla", "xla_debug", "single_xla", "xla_fsdp"):
+            registry.register(name, "somewhere:Strategy", replaces_builtin=True)
+
+
+def registry_of(plugin: object, distribution: str) -> StrategyRegistry:
+    registry = StrategyRegistry()
+    register_plugin(registry, plugin, "names", distribution)
+    return registry
+
+
+def test_install_hints_must_name_exactly_what_a_package_registers() -> None:
+    assert_install_hints_match("lightning-strategies-xla", registry_of(XlaNamesPlugin, "lightning-strategies-xla"))
+    with pytest.raises(AssertionError, match=r"only hinted \[.*'fsdp_no_shard'.*\], only registered \[\].*known\.py"):
+        assert_install_hints_match("lightning-strategies-fsdp", registry_of(NamesPlugin, "lightning-strategies-fsdp"))
+    with pytest.raises(AssertionError, match="registers no strategy name here"):
+        assert_install_hints_match("lightning-strategies-fsdp", StrategyRegistry())
+
+
+ACME_LAYOUT = CheckpointFormat(
+    "acme", "an acme folder", "acme", "acme-convert", matches=lambda path: path.name.endswith(".acme")
+)
+
+
+class LayoutPlugin:
+    @hookimpl
+    def checkpoint_formats(self) -> list[CheckpointFormat]:
+        return [ACME_LAYOUT]
+
+
+def test_a_layout_is_checked_as_known_only_through_its_plugin(tmp_path: Path) -> None:
+    from lightning_strategies import registry as registry_module
+
+    before = registry_module._registry
+    folder = tmp_path / "model.acme"
+    folder.mkdir()
+    assert_layout_identified_only_through(
+        LayoutPlugin(), "acme", "acme", ACME_LAYOUT, [folder], not_matching=[tmp_path]
+    )
+    assert registry_module._registry is before
+    with pytest.raises(AssertionError, match="with other's plugin"):
+        assert_layout_identified_only_through(LayoutPlugin(), "other", "other", FILE, [folder])
+    with pytest.raises(AssertionError, match="are taken for"):
+        assert_layout_identified_only_through(
+            LayoutPlugin(), "acme", "acme", ACME_LAYOUT, [folder], not_matching=[folder]
+        )
+
+
+def test_another_packages_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
+    with another_packages_checkpoint(tmp_path) as path:
+        assert path == tmp_path / "other.ckpt" and (path / "shard-0").is_file()
+        assert identify(path).description == ANOTHER_PACKAGE["description"]
+    assert identify(path) is None

@@ -6,7 +6,6 @@ or the exception's type and message) in a JSON file that test_lightning_class_ch
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_strategies.testing import record_checks
 from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
@@ -92,16 +92,5 @@ CHECKS: dict[str, Callable[[], Any]] = {
 }
 
 
-def main(out: str) -> None:
-    results: dict[str, Any] = {}
-    for name, check in CHECKS.items():
-        try:
-            results[name] = {"value": check()}
-        except Exception as error:  # the refusals are what several checks expect
-            results[name] = {"error": f"{type(error).__name__}: {error}"}
-    with open(out, "w") as file:
-        json.dump(results, file)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    record_checks(CHECKS, sys.argv[1])

@@ -23,6 +23,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeedStrategy
 from torch import nn
 
+from lightning_strategies.testing import described, error_of, raised_by
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
@@ -260,13 +261,6 @@ def _run_engine_checks(folder: Path) -> None:
 
     results: dict[str, Any] = {}
 
-    def error_of(call: Any) -> str:
-        try:
-            call()
-        except Exception as error:  # recorded for the test to assert on
-            return f"{type(error).__name__}: {error}"
-        return "no error"
-
     fabric = Fabric(accelerator="cpu", devices=1, strategy=DeepSpeedFabricStrategy(stage=2))
     fabric.launch()
     fabric.seed_everything(7)
@@ -335,12 +329,9 @@ def _run_engine_checks(folder: Path) -> None:
 
     empty = folder / "empty"
     (empty / "checkpoint").mkdir(parents=True)
-    try:
-        fabric.load(empty, {"model": model})
-        results["load_empty_folder"] = "no error"
-    except Exception as error:
-        results["load_empty_folder"] = f"{type(error).__name__}: {error}"
-        results["load_empty_folder_is_file_not_found"] = isinstance(error, FileNotFoundError)
+    error = raised_by(lambda: fabric.load(empty, {"model": model}))
+    results["load_empty_folder"] = described(error)
+    results["load_empty_folder_is_file_not_found"] = isinstance(error, FileNotFoundError)
 
     results["saved_module_keys"] = {}
     for exclude in (False, True):

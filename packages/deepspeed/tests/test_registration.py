@@ -9,7 +9,10 @@ import sys
 import pytest
 from conftest import clean_environment
 
+from lightning_strategies.testing import assert_install_hints_match, assert_layout_identified_only_through
 from lightning_strategies_deepspeed.plugin import NAMES
+
+DISTRIBUTION = "lightning-strategies-deepspeed"
 
 PROBE = """
 import json, sys
@@ -131,12 +134,10 @@ def test_doctor_reports_libaio_and_the_kernel_build_tools_as_deepspeeds_needs() 
     assert ok is ((shutil.which("c++") or shutil.which("g++")) is not None)
 
 
-def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path, monkeypatch) -> None:
+def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path) -> None:
     import torch
 
-    from lightning_strategies import registry as registry_module
-    from lightning_strategies.checkpoints import FILE, identify
-    from lightning_strategies.plugins import register_plugin
+    from lightning_strategies.checkpoints import FILE
     from lightning_strategies_deepspeed import plugin
     from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
 
@@ -146,18 +147,10 @@ def test_core_identifies_deepspeed_checkpoints_only_through_this_plugin(tmp_path
     states = folder / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
     torch.save({"module": {}}, states)
     paths = (folder, folder / "checkpoint", states)
-
-    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
-    assert [identify(path) for path in paths] == [None, None, FILE]
-    register_plugin(registry_module.get_registry(), plugin, "deepspeed", "lightning-strategies-deepspeed")
-    assert all(identify(path) is DEEPSPEED for path in paths)
-    assert identify(tmp_path) is None
+    assert_layout_identified_only_through(
+        plugin, "deepspeed", DISTRIBUTION, DEEPSPEED, paths, before=[None, None, FILE], not_matching=[tmp_path]
+    )
 
 
 def test_cores_install_hints_list_exactly_the_names_this_package_registers():
-    # core keeps the names to say which package to install when this one is missing; they must not drift.
-    from lightning_strategies.known import PROJECT_PACKAGES
-    from lightning_strategies.registry import get_registry
-
-    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-deepspeed"}
-    assert registered and set(PROJECT_PACKAGES["lightning-strategies-deepspeed"]) == registered
+    assert_install_hints_match(DISTRIBUTION)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import read, run_group
 
@@ -124,3 +125,12 @@ def test_conversion_command_line(reference_run: Path, tmp_path: Path) -> None:
     missing = subprocess.run([*command, str(tmp_path / "nothing"), str(tmp_path / "x")], capture_output=True, text=True)
     assert missing.returncode == 2
     assert "No checkpoint at" in missing.stderr
+
+
+def test_a_checkpoint_without_the_models_state_is_refused_before_loading(tmp_path: Path) -> None:
+    from lightning_strategies import CheckpointError
+    from lightning_strategies_fsdp.checkpoint import load_full_state
+
+    path = tmp_path / "other.ckpt"
+    with pytest.raises(CheckpointError, match=r"The checkpoint file .*other\.ckpt has no model state under 'model'"):
+        load_full_state(path, {"state_dict": {}}, torch.nn.Linear(2, 2), "model", {})

@@ -23,6 +23,7 @@ from lightning.pytorch.plugins.precision import HalfPrecision
 from torch import nn
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 
+from lightning_strategies.testing import described, error_of, raised_by
 from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
 
@@ -219,13 +220,6 @@ def _run_sharded_checks(folder: Path) -> None:
 
     results: dict[str, Any] = {}
 
-    def error_of(call: Any) -> str:
-        try:
-            call()
-        except Exception as error:  # recorded for the test to assert on
-            return f"{type(error).__name__}: {error}"
-        return "no error"
-
     fabric = Fabric(accelerator="cpu", devices=1, strategy=FSDP2FabricStrategy(timeout=timedelta(seconds=77)))
     fabric.launch()
     world = torch.distributed.distributed_c10d._get_default_group()
@@ -265,24 +259,18 @@ def _run_sharded_checks(folder: Path) -> None:
 
     empty = folder / "empty"
     empty.mkdir()
-    try:
-        fabric.load(empty, state)
-        results["load_empty_folder"] = "no error"
-    except Exception as error:
-        results["load_empty_folder"] = f"{type(error).__name__}: {error}"
-        results["load_empty_folder_is_value_error"] = isinstance(error, ValueError)
+    error = raised_by(lambda: fabric.load(empty, state))
+    results["load_empty_folder"] = described(error)
+    results["load_empty_folder_is_value_error"] = isinstance(error, ValueError)
 
     plain = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
     torch.save(plain.state_dict(), folder / "plain.pt")
     fabric.load_raw(folder / "plain.pt", model)
     full = {name: tensor.full_tensor() for name, tensor in model.state_dict().items()}
     results["load_raw_restored"] = all(torch.equal(full[name], value) for name, value in plain.state_dict().items())
-    try:
-        fabric.load_raw(user_folder, model)
-        results["load_raw_folder"] = "no error"
-    except Exception as error:
-        results["load_raw_folder"] = f"{type(error).__name__}: {error}"
-        results["load_raw_folder_is_value_error"] = isinstance(error, ValueError)
+    error = raised_by(lambda: fabric.load_raw(user_folder, model))
+    results["load_raw_folder"] = described(error)
+    results["load_raw_folder_is_value_error"] = isinstance(error, ValueError)
 
     (folder / "results.json").write_text(json.dumps(results))
 

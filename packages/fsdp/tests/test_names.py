@@ -12,8 +12,14 @@ import pytest
 import torch
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
+from lightning_strategies.testing import (
+    assert_install_hints_match,
+    assert_layout_identified_only_through,
+    run_script,
+)
 from lightning_strategies_fsdp.options import parse_options
 
+DISTRIBUTION = "lightning-strategies-fsdp"
 NAMES = ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard")
 
 RESOLVE = """
@@ -62,12 +68,7 @@ def test_plugin_module_imports_nothing_heavy() -> None:
         "heavy = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
         "print(heavy)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "LIGHTNING_STRATEGIES_AUTOLOAD": "0"},
-    )
+    done = run_script("-c", code, env={"LIGHTNING_STRATEGIES_AUTOLOAD": "0"})
     assert done.stdout.strip() == "[]", done.stderr
 
 
@@ -180,10 +181,7 @@ def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
     assert mesh_backends(offloading, torch.device("cpu"), 1) is None  # gloo already carries everything
 
 
-def test_core_identifies_dcp_folders_only_through_this_plugin(tmp_path, monkeypatch) -> None:
-    from lightning_strategies import registry as registry_module
-    from lightning_strategies.checkpoints import identify
-    from lightning_strategies.plugins import register_plugin
+def test_core_identifies_dcp_folders_only_through_this_plugin(tmp_path) -> None:
     from lightning_strategies_fsdp import plugin
     from lightning_strategies_fsdp.checkpoint_layout import DCP
 
@@ -191,18 +189,8 @@ def test_core_identifies_dcp_folders_only_through_this_plugin(tmp_path, monkeypa
     folder.mkdir()
     (folder / ".metadata").write_bytes(b"x")
     (folder / "__0_0.distcp").write_bytes(b"x")
-
-    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
-    assert identify(folder) is None
-    register_plugin(registry_module.get_registry(), plugin, "fsdp", "lightning-strategies-fsdp")
-    assert identify(folder) is DCP
-    assert identify(tmp_path) is None
+    assert_layout_identified_only_through(plugin, "fsdp", DISTRIBUTION, DCP, [folder], not_matching=[tmp_path])
 
 
 def test_cores_install_hints_list_exactly_the_names_this_package_registers():
-    # core keeps the names to say which package to install when this one is missing; they must not drift.
-    from lightning_strategies.known import PROJECT_PACKAGES
-    from lightning_strategies.registry import get_registry
-
-    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-fsdp"}
-    assert registered and set(PROJECT_PACKAGES["lightning-strategies-fsdp"]) == registered
+    assert_install_hints_match(DISTRIBUTION)

@@ -19,7 +19,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_strategies.checkpoints import STAGING_FOLDER
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies.testing import written_by_another_package
+from lightning_strategies.testing import another_packages_checkpoint, written_by_another_package
 from lightning_strategies_xla import SingleDeviceXLAStrategy, XLAAccelerator
 from lightning_strategies_xla.xla_fsdp_checkpoint import check_xla_fsdp_checkpoint
 
@@ -126,10 +126,10 @@ def test_another_strategys_folder_is_named_with_its_conversion(tmp_path, write, 
 
 
 def test_another_packages_checkpoint_is_named_with_its_conversion(tmp_path):
-    path = tmp_path / "other.ckpt"
-    path.mkdir()
-    (path / "shard-0").write_bytes(b"x")
-    with written_by_another_package(path), pytest.raises(CheckpointError, match=r"is another package's.*-convert"):
+    with (
+        another_packages_checkpoint(tmp_path) as path,
+        pytest.raises(CheckpointError, match=r"is another package's.*-convert"),
+    ):
         SingleDeviceXLAStrategy().load_checkpoint(path)
 
 

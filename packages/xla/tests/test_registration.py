@@ -3,7 +3,9 @@
 import pytest
 
 from lightning_strategies import get_registry
+from lightning_strategies.testing import assert_install_hints_match, assert_layout_identified_only_through
 
+DISTRIBUTION = "lightning-strategies-xla"
 NAMES = ("xla", "xla_debug", "single_xla", "xla_fsdp")
 
 
@@ -12,7 +14,7 @@ def test_names_are_registered_as_builtin_replacements():
     for name in NAMES:
         entry = registry.entry(name)
         assert entry.replaces_builtin
-        assert entry.distribution == "lightning-strategies-xla"
+        assert entry.distribution == DISTRIBUTION
     assert registry.entry("xla_debug").init_params == {"debug": True}
     assert not [problem for problem in registry.problems if "xla" in str(problem.names)]
 
@@ -93,31 +95,18 @@ def test_lightnings_accelerator_reports_unavailable_without_torch_xla(monkeypatc
     assert fake_module.XLAAccelerator.is_available() is False
 
 
-def test_core_identifies_xla_fsdp_checkpoints_only_through_this_plugin(tmp_path, monkeypatch):
-    from lightning_strategies import registry as registry_module
-    from lightning_strategies.checkpoints import identify
-    from lightning_strategies.plugins import register_plugin
+def test_core_identifies_xla_fsdp_checkpoints_only_through_this_plugin(tmp_path):
     from lightning_strategies_xla import plugin
     from lightning_strategies_xla.checkpoint_layout import XLA_FSDP
 
     folder = tmp_path / "xla.ckpt"
     folder.mkdir()
     (folder / "checkpoint_rank-00000000-of-00000002.pth").write_bytes(b"x")
-
-    monkeypatch.setattr(registry_module, "_registry", registry_module.StrategyRegistry())
-    assert identify(folder) is None
-    register_plugin(registry_module.get_registry(), plugin, "xla", "lightning-strategies-xla")
-    assert identify(folder) is XLA_FSDP
-    assert identify(tmp_path) is None
+    assert_layout_identified_only_through(plugin, "xla", DISTRIBUTION, XLA_FSDP, [folder], not_matching=[tmp_path])
 
 
 def test_cores_install_hints_list_exactly_the_names_this_package_registers():
-    # core keeps the names to say which package to install when this one is missing; they must not drift.
-    from lightning_strategies.known import PROJECT_PACKAGES
-    from lightning_strategies.registry import get_registry
-
-    registered = {entry.name for entry in get_registry() if entry.distribution == "lightning-strategies-xla"}
-    assert registered and set(PROJECT_PACKAGES["lightning-strategies-xla"]) == registered
+    assert_install_hints_match(DISTRIBUTION)
 
 
 @pytest.mark.parametrize("module_name", ["lightning.fabric.accelerators.xla", "lightning_fabric.accelerators.xla"])

@@ -1,5 +1,6 @@
 """Importing the library a strategy drives, with an install line when it is missing or too old, and
-checking what building its kernels needs (for a plugin's ``environment_checks``).
+checking what building its kernels needs (for a plugin's ``environment_checks``); a package's names that
+import only when first used (``lazy_exports``).
 
 The supported range comes from the strategy distribution's own ``Requires-Dist`` metadata, so
 pyproject.toml stays the one place a range is written.
@@ -11,8 +12,10 @@ import importlib
 import importlib.util
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from types import ModuleType
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -23,9 +26,25 @@ __all__ = [
     "declared_requirement",
     "installed_version",
     "jit_build_checks",
+    "lazy_exports",
     "require_backend",
     "tool_version",
 ]
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562) that imports each name of ``exports`` (name -> module)
+    from its module on first use, so that importing the package imports no backend::
+
+        __getattr__ = lazy_exports(__name__, {"AcmeStrategy": "acme_strategy.strategy"})
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            return getattr(importlib.import_module(exports[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def declared_requirement(distribution: str, backend_distribution: str) -> Requirement | None:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -77,22 +78,26 @@ def command_info(arguments: argparse.Namespace) -> int:
         return 0
     entry = registry.entry(name)
     print(f"{entry.name}: {entry.description}")
-    print(f"  provider:      {entry.provider}")
-    if entry.plugin:
-        print(f"  entry point:   {entry.plugin} (LIGHTNING_STRATEGIES_DISABLE={entry.plugin} skips it)")
-    if entry.pip_name:
-        print(f"  install:       pip install {entry.pip_name}")
-    print(f"  class:         {target_text(entry.target)}")
-    if entry.fabric_target:
-        print(f"  fabric class:  {target_text(entry.fabric_target)}")
-    print(f"  works with:    {', '.join(entry.namespaces())}")
-    if entry.replaces_builtin:
-        print("  replaces:      Lightning's built-in strategy of the same name")
-    print(f"  accelerators:  {', '.join(entry.accelerators) if entry.accelerators else 'any'}")
-    print(f"  precisions:    {', '.join(entry.precisions) if entry.precisions else 'any'}")
-    if entry.optimizers:
-        print(f"  optimizers:    {', '.join(entry.optimizers)}")
-    print(f"  grad. accum.:  {'yes' if entry.gradient_accumulation else 'no'}")
+    # (label, value); a row whose value is None does not apply to this entry.
+    rows = [
+        ("provider", entry.provider),
+        (
+            "entry point",
+            f"{entry.plugin} (LIGHTNING_STRATEGIES_DISABLE={entry.plugin} skips it)" if entry.plugin else None,
+        ),
+        ("install", f"pip install {entry.pip_name}" if entry.pip_name else None),
+        ("class", target_text(entry.target)),
+        ("fabric class", target_text(entry.fabric_target) if entry.fabric_target else None),
+        ("works with", ", ".join(entry.namespaces())),
+        ("replaces", "Lightning's built-in strategy of the same name" if entry.replaces_builtin else None),
+        ("accelerators", ", ".join(entry.accelerators) if entry.accelerators else "any"),
+        ("precisions", ", ".join(entry.precisions) if entry.precisions else "any"),
+        ("optimizers", ", ".join(entry.optimizers) if entry.optimizers else None),
+        ("grad. accum.", "yes" if entry.gradient_accumulation else "no"),
+    ]
+    for label, value in rows:
+        if value is not None:
+            print(f"  {label + ':':<15}{value}")
     if entry.init_params:
         print("  defaults for this name:")
         for key, value in entry.init_params.items():
@@ -163,21 +168,9 @@ def command_check(arguments: argparse.Namespace) -> int:
 def command_plan(arguments: argparse.Namespace) -> int:
     from lightning_strategies.planning import GIB, nothing_fits_message, plan, settings_text
 
-    result = plan(
-        arguments.params,
-        layers=arguments.layers,
-        hidden=arguments.hidden,
-        vocabulary=arguments.vocabulary,
-        seq_len=arguments.seq_len,
-        micro_batch=arguments.micro_batch,
-        precision=arguments.precision,
-        optimizer=arguments.optimizer,
-        activation_checkpointing=arguments.activation_checkpointing,
-        gpus=arguments.gpus,
-        gpu_memory_gib=arguments.gpu_memory,
-        host_memory_gib=arguments.host_memory,
-        nvme_gib=arguments.nvme,
-    )
+    # Each option's dest is the name of plan()'s parameter it sets.
+    given = vars(arguments)
+    result = plan(**{name: given[name] for name in inspect.signature(plan).parameters if name in given})
     if arguments.json:
         json.dump([candidate.to_dict() for candidate in result.candidates], sys.stdout, indent=1)
         print()
@@ -299,9 +292,24 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "--activation-checkpointing", action="store_true", help="blocks recompute their activations in backward"
     )
     planning.add_argument("--gpus", type=int, help="GPUs to train on (default: those detected)")
-    planning.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: detected)")
-    planning.add_argument("--host-memory", type=float, help="GiB of host memory (default: detected, cgroup limit)")
-    planning.add_argument("--nvme", type=float, default=0.0, help="GiB of NVMe space for offloading (default: none)")
+    planning.add_argument(
+        "--gpu-memory", dest="gpu_memory_gib", metavar="GIB", type=float, help="GiB per GPU (default: detected)"
+    )
+    planning.add_argument(
+        "--host-memory",
+        dest="host_memory_gib",
+        metavar="GIB",
+        type=float,
+        help="GiB of host memory (default: detected, cgroup limit)",
+    )
+    planning.add_argument(
+        "--nvme",
+        dest="nvme_gib",
+        metavar="GIB",
+        type=float,
+        default=0.0,
+        help="GiB of NVMe space for offloading (default: none)",
+    )
     planning.add_argument("--json", action="store_true", help="the ranked candidates as a JSON list")
     planning.set_defaults(handler=command_plan)
 

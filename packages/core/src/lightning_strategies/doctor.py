@@ -16,6 +16,7 @@ from importlib import metadata
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from lightning_strategies.backends import installed_version
 from lightning_strategies.registry import StrategyEntry, StrategyRegistry
 
 
@@ -55,7 +56,7 @@ def machine_findings() -> list[Finding]:
             )
         )
     for distribution in ("lightning", "pytorch-lightning"):
-        version = _version(distribution)
+        version = installed_version(distribution)
         findings.append(
             Finding(distribution, version is not None, version or f"not installed: pip install {distribution}")
         )
@@ -113,13 +114,6 @@ def strategy_findings(registry: StrategyRegistry) -> list[Finding]:
     return findings
 
 
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def backend_findings(registry: StrategyRegistry) -> list[Finding]:
     """Each installed strategy distribution's requirements against what is installed."""
     findings = []
@@ -132,7 +126,7 @@ def backend_findings(registry: StrategyRegistry) -> list[Finding]:
             requirement = Requirement(text)
             if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
                 continue
-            installed = _version(requirement.name)
+            installed = installed_version(requirement.name)
             if installed is None:
                 findings.append(
                     Finding(

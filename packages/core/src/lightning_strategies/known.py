@@ -5,6 +5,17 @@ policy without importing Lightning; tests keep both lists honest against the rea
 
 from __future__ import annotations
 
+# Lightning's seven DeepSpeed names: the deepspeed package replaces every one of them and adds none.
+_DEEPSPEED_NAMES = (
+    "deepspeed",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme",
+)
+
 # distribution -> the strategy names it registers (design.md, "Names").
 PROJECT_PACKAGES: dict[str, tuple[str, ...]] = {
     "lightning-strategies-colossalai-gemini": (
@@ -13,15 +24,7 @@ PROJECT_PACKAGES: dict[str, tuple[str, ...]] = {
         "colossalai_cpu",
         "colossalai_auto",
     ),
-    "lightning-strategies-deepspeed": (
-        "deepspeed",
-        "deepspeed_stage_1",
-        "deepspeed_stage_2",
-        "deepspeed_stage_2_offload",
-        "deepspeed_stage_3",
-        "deepspeed_stage_3_offload",
-        "deepspeed_stage_3_offload_nvme",
-    ),
+    "lightning-strategies-deepspeed": _DEEPSPEED_NAMES,
     "lightning-strategies-fsdp": (
         "fsdp",
         "fsdp_cpu_offload",
@@ -41,13 +44,7 @@ _LIGHTNING_SHARED_NAMES = frozenset(
         "ddp_fork",
         "ddp_notebook",
         "ddp_spawn",
-        "deepspeed",
-        "deepspeed_stage_1",
-        "deepspeed_stage_2",
-        "deepspeed_stage_2_offload",
-        "deepspeed_stage_3",
-        "deepspeed_stage_3_offload",
-        "deepspeed_stage_3_offload_nvme",
+        *_DEEPSPEED_NAMES,
         "fsdp",
         "fsdp_cpu_offload",
         "single_tpu",

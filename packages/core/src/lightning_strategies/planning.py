@@ -548,17 +548,9 @@ def plan(
     host_memory_gib=128)`` plans for another machine. ``plan(...).best_strategy()`` is a strategy object
     for ``Trainer(strategy=...)``.
     """
-    workload = Workload.build(
-        params,
-        layers=layers,
-        hidden=hidden,
-        vocabulary=vocabulary,
-        sequence_length=seq_len,
-        micro_batch=micro_batch,
-        precision=precision,
-        optimizer=optimizer,
-        activation_checkpointing=activation_checkpointing,
-    )
+    given = locals()  # these options are Workload fields of the same names
+    training = {name: given[name] for name in ("micro_batch", "precision", "optimizer", "activation_checkpointing")}
+    workload = Workload.build(params, layers, hidden, vocabulary, sequence_length=seq_len, **training)
     machine = Machine.detect(
         gpus,
         int(gpu_memory_gib * GIB) if gpu_memory_gib is not None else None,

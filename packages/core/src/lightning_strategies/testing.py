@@ -1,5 +1,7 @@
 """The test kit every strategy package's tests share, and plugin authors' too: a free port for a process
-group, a runner for scripts that launch ranks of their own, and stand-ins for other packages' checkpoint layouts.
+group, a runner for scripts that launch ranks of their own, stand-ins for other packages' checkpoint layouts,
+a way to record what a call raised (for checks run in a fresh process), and the checks every package makes of
+its own plugin against core (install hints, checkpoint layouts).
 
 The same pieces are fixtures of core's pytest plugin (``free_port``, ``run_script``), loaded wherever
 lightning-strategies is installed. Importing this module imports neither torch nor Lightning.
@@ -8,25 +10,36 @@ lightning-strategies is installed. Importing this module imports neither torch n
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
 from lightning_strategies.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from lightning_strategies.checkpoints import CheckpointFormat
+    from lightning_strategies.registry import StrategyRegistry
 
 __all__ = [
     "ANOTHER_PACKAGE",
     "OUTPUT_TAIL",
+    "QUIET_TRAINER",
     "ScriptFailed",
+    "another_packages_checkpoint",
+    "assert_install_hints_match",
+    "assert_layout_identified_only_through",
     "checkpoint_layouts_described",
+    "described",
+    "error_of",
     "free_port",
+    "raised_by",
+    "record_checks",
     "run_script",
     "written_by_another_package",
 ]
@@ -36,6 +49,15 @@ ANOTHER_PACKAGE = {
     "description": "another package's checkpoint",
     "read_by": "another package's strategies",
     "to_full_weights": "`another-package-convert {path} full.ckpt` writes one file of full weights",
+}
+
+# Trainer arguments for a run whose output is what it records, not what Lightning prints or logs. Checkpointing
+# stays each run's own choice: some runs check the checkpoints Lightning writes.
+QUIET_TRAINER: dict[str, Any] = {
+    "logger": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "num_sanity_val_steps": 0,
 }
 
 # Enough of a failed run's output to show the traceback and what the other ranks said before it.
@@ -111,8 +133,6 @@ def written_by_another_package(path: str | os.PathLike[str]) -> contextlib.Abstr
     """Within the block, ``identify`` says the checkpoint at ``path`` (and anything inside it) is another installed
     package's, described by ``ANOTHER_PACKAGE``: whatever the installed packages are, a test sees how a strategy
     refuses a checkpoint it cannot read."""
-    from pathlib import Path
-
     from lightning_strategies.checkpoints import CheckpointFormat
 
     root = Path(path)
@@ -122,3 +142,105 @@ def written_by_another_package(path: str | os.PathLike[str]) -> contextlib.Abstr
         matches=lambda candidate: candidate == root or root in candidate.parents,
     )
     return checkpoint_layouts_described(stand_in)
+
+
+@contextlib.contextmanager
+def another_packages_checkpoint(parent: str | os.PathLike[str]) -> Iterator[Path]:
+    """Within the block, ``parent/other.ckpt`` is a folder of one shard that ``identify`` says another installed
+    package wrote (``written_by_another_package``): the folder a strategy must refuse by naming its conversion."""
+    path = Path(parent) / "other.ckpt"
+    path.mkdir()
+    (path / "shard-0").write_bytes(b"x")
+    with written_by_another_package(path):
+        yield path
+
+
+def raised_by(call: Callable[[], object]) -> Exception | None:
+    """What ``call()`` raised, or None: for a script that records refusals for a test to assert on."""
+    try:
+        call()
+    except Exception as error:  # any refusal is a result to record, not a failure of the recording script
+        return error
+    return None
+
+
+def described(error: BaseException | None) -> str:
+    """``"TypeName: message"`` of an exception, ``"no error"`` for None: the form the JSON results hold."""
+    return "no error" if error is None else f"{type(error).__name__}: {error}"
+
+
+def error_of(call: Callable[[], object]) -> str:
+    """``described(raised_by(call))``: what a call raised, as a recorded result says it."""
+    return described(raised_by(call))
+
+
+def record_checks(checks: Mapping[str, Callable[[], Any]], out: str | os.PathLike[str]) -> None:
+    """Run each check and write ``{name: {"value": ...} or {"error": "TypeName: message"}}`` as JSON to ``out``.
+
+    A check's value is kept where it is a dict (what it measured); any other value (a Trainer, None) is
+    recorded as None, meaning the check ran without an error.
+    """
+    results: dict[str, Any] = {}
+    for name, check in checks.items():
+        try:
+            value = check()
+            results[name] = {"value": value if isinstance(value, dict) else None}
+        except Exception as error:  # the refusals are what some checks expect
+            results[name] = {"error": described(error)}
+    Path(out).write_text(json.dumps(results))
+
+
+def assert_install_hints_match(distribution: str, registry: StrategyRegistry | None = None) -> None:
+    """Core's install hints (``known.PROJECT_PACKAGES``) list exactly the names ``distribution`` registers.
+
+    Core keeps those names to say which package to install when one is missing; this keeps them from drifting.
+    ``registry`` defaults to the process-wide one, loaded from what is installed.
+    """
+    from lightning_strategies.known import PROJECT_PACKAGES
+    from lightning_strategies.registry import get_registry
+
+    registry = registry if registry is not None else get_registry()
+    registered = {entry.name for entry in registry if entry.distribution == distribution}
+    assert registered, f"{distribution} registers no strategy name here: is it installed (pip install -e)?"
+    hinted = set(PROJECT_PACKAGES.get(distribution, ()))
+    assert hinted == registered, (
+        f"core's install hints for {distribution} differ from what it registers: "
+        f"only hinted {sorted(hinted - registered)}, only registered {sorted(registered - hinted)}; "
+        "update PROJECT_PACKAGES in lightning_strategies/known.py"
+    )
+
+
+def assert_layout_identified_only_through(
+    plugin: object,
+    entry_point: str,
+    distribution: str,
+    layout: CheckpointFormat,
+    paths: Sequence[Path],
+    *,
+    before: Sequence[CheckpointFormat | None] | None = None,
+    not_matching: Sequence[Path] = (),
+) -> None:
+    """Core identifies ``paths`` as ``layout`` once ``plugin`` (a package's light plugin module) is registered,
+    and not before: core itself knows no package's layout.
+
+    Without the plugin each path is identified as ``before`` says (None for each by default); with it, each is
+    ``layout`` and each of ``not_matching`` is still nothing. The process-wide registry is swapped for an empty
+    one for the check and put back afterwards.
+    """
+    from lightning_strategies import registry as registry_module
+    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.plugins import register_plugin
+
+    expected_before = list(before) if before is not None else [None] * len(paths)
+    saved = registry_module._registry
+    registry_module._registry = registry_module.StrategyRegistry()
+    try:
+        found = [identify(path) for path in paths]
+        assert found == expected_before, f"without {entry_point}'s plugin, core identifies {paths} as {found}"
+        register_plugin(registry_module.get_registry(), plugin, entry_point, distribution)
+        found = [identify(path) for path in paths]
+        assert all(format is layout for format in found), f"with {entry_point}'s plugin, {paths} are {found}"
+        found = [identify(path) for path in not_matching]
+        assert found == [None] * len(not_matching), f"{not_matching} are taken for {found}"
+    finally:
+        registry_module._registry = saved

@@ -4,8 +4,7 @@ Importing this package is cheap: the strategy classes (and torch, Lightning, dee
 imported only when one of them is used.
 """
 
-from typing import Any
-
+from lightning_strategies.backends import lazy_exports
 from lightning_strategies_deepspeed.version import __version__
 
 _LAZY = {
@@ -16,11 +15,4 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

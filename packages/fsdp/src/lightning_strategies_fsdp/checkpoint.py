@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -177,6 +177,24 @@ def load_into(
     return load_full_state(path, checkpoint, model, model_key, optimizers, strict, all_optimizers)
 
 
+def check_states_present(
+    kind: str,
+    path: Path,
+    saved: Collection[str],
+    model_key: str,
+    optimizers: Mapping[str, Optimizer],
+    all_optimizers: bool,
+) -> None:
+    """Refuse, before anything loads, a checkpoint (``kind``: "The checkpoint file", ...) at ``path`` that has no
+    state for the model under ``model_key`` or none for the optimizers to resume."""
+    check_optimizer_states(path, saved, optimizers, all_optimizers)
+    if model_key not in saved:
+        raise CheckpointError(
+            f"{kind} {path} has no model state under {model_key!r} (it has: {sorted(saved)}). "
+            "Point to a checkpoint of this model, or (Fabric) load with the model under the key it was saved with."
+        )
+
+
 def check_optimizer_states(
     path: Path, saved: Iterable[str], optimizers: Mapping[str, Optimizer], all_optimizers: bool
 ) -> None:
@@ -219,12 +237,7 @@ def _load_sharded(
 ) -> dict[str, Any]:
     metadata = checked_sharded_metadata(path, weights_only)
     available = stored_keys(metadata)
-    check_optimizer_states(path, available, optimizers, all_optimizers)
-    if model_key not in available:
-        raise CheckpointError(
-            f"The sharded checkpoint {path} has no model state under {model_key!r} (it has: {sorted(available)}). "
-            "Point to a checkpoint of this model, or (Fabric) load with the model under the key it was saved with."
-        )
+    check_states_present("The sharded checkpoint", path, available, model_key, optimizers, all_optimizers)
     # meta.pt first: a refusal (weights_only) must come before the model is half loaded.
     metadata_path = path / METADATA_FILE
     rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
@@ -249,12 +262,7 @@ def load_full_state(
 ) -> dict[str, Any]:
     """Load ``model`` and ``optimizers`` from the contents of a full checkpoint file; return the rest."""
     checkpoint = split_trainer_optimizers(checkpoint)
-    check_optimizer_states(path, checkpoint, optimizers, all_optimizers)
-    if model_key not in checkpoint:
-        raise CheckpointError(
-            f"The checkpoint file {path} has no model state under {model_key!r} (it has: {sorted(checkpoint)}). "
-            "Point to a checkpoint of this model, or (Fabric) load with the model under the key it was saved with."
-        )
+    check_states_present("The checkpoint file", path, checkpoint, model_key, optimizers, all_optimizers)
     # Every process maps the same file; each copies out only its own shards.
     full = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, checkpoint.pop(model_key), options=full)

@@ -6,7 +6,6 @@ or the exception's type and message) in a JSON file that test_lightning_class_ch
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_strategies.testing import QUIET_TRAINER, record_checks
 from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
 
@@ -28,11 +28,8 @@ def fit(model: Any, callbacks: list[Any] | None = None) -> Trainer:
         devices=1,
         max_steps=2,
         callbacks=callbacks or [],
-        logger=False,
+        **QUIET_TRAINER,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         limit_val_batches=0,
     )
     trainer.fit(model)
@@ -73,17 +70,5 @@ CHECKS: dict[str, Callable[[], Any]] = {
 }
 
 
-def main(out: str) -> None:
-    results: dict[str, Any] = {}
-    for name, check in CHECKS.items():
-        try:
-            value = check()
-            results[name] = {"value": value if isinstance(value, dict) else None}
-        except Exception as error:  # the refusals are what some checks expect
-            results[name] = {"error": f"{type(error).__name__}: {error}"}
-    with open(out, "w") as file:
-        json.dump(results, file)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    record_checks(CHECKS, sys.argv[1])

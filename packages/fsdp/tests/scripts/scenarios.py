@@ -27,6 +27,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_strategies.testing import QUIET_TRAINER
+
 WIDTH = 16
 # The GPU tier runs the same groups on CUDA devices.
 ACCELERATOR = os.environ.get("FSDP_SCENARIO_ACCELERATOR", "cpu")
@@ -125,20 +127,8 @@ def one_batch_loader() -> DataLoader:
 
 
 def trainer(strategy: Any, steps: int, devices: int = 2, **kwargs: Any) -> pl.Trainer:
-    options = dict(
-        accelerator=ACCELERATOR,
-        devices=devices,
-        strategy=strategy,
-        max_steps=steps,
-        gradient_clip_val=1.0,
-        limit_val_batches=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        deterministic=True,
-        num_sanity_val_steps=0,
-    )
+    options = dict(accelerator=ACCELERATOR, devices=devices, strategy=strategy, max_steps=steps, **QUIET_TRAINER)
+    options.update(gradient_clip_val=1.0, limit_val_batches=2, enable_checkpointing=False, deterministic=True)
     options.update(kwargs)
     return pl.Trainer(**options)
 
@@ -451,6 +441,18 @@ def group_reliability(results: Results, args: argparse.Namespace) -> None:
     results.write("refusals", refusals)
 
 
+def fabric_steps(fabric: Any, model: nn.Module, optimizer: Any, x: torch.Tensor, steps: int = 3) -> list[float]:
+    """Train ``steps`` steps on the loss ``model(x).pow(2).mean()``; returns each step's loss."""
+    losses = []
+    for _ in range(steps):
+        loss = model(x).pow(2).mean()
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    return losses
+
+
 def group_fabric(results: Results, args: argparse.Namespace) -> None:
     from lightning.fabric import Fabric
 
@@ -460,13 +462,7 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
     model = fabric.setup(Block())
     optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.01))
     x = torch.randn(8, WIDTH, device=fabric.device)
-    losses = []
-    for _ in range(3):
-        loss = model(x).pow(2).mean()
-        fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss))
+    losses = fabric_steps(fabric, model, optimizer, x)
     path = results.out / "fabric.ckpt"
     fabric.save(path, {"model": model, "optimizer": optimizer, "step": 3})
     saved = full_weights(model)
@@ -491,13 +487,7 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
     joint_optimizer = torch.optim.SGD(joint_model.parameters(), lr=0.1)
     joint_model, joint_optimizer = fabric.setup(joint_model, joint_optimizer)
     joint_start = full_weights(joint_model)
-    joint_losses = []
-    for _ in range(3):
-        loss = joint_model(x).pow(2).mean()
-        fabric.backward(loss)
-        joint_optimizer.step()
-        joint_optimizer.zero_grad()
-        joint_losses.append(float(loss))
+    joint_losses = fabric_steps(fabric, joint_model, joint_optimizer, x)
     joint_optimizer_params = {id(param) for group in joint_optimizer.param_groups for param in group["params"]}
     results.write(
         "fabric_joint_setup",

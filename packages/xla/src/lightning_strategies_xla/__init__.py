@@ -3,9 +3,7 @@
 Importing this package imports neither torch nor torch_xla; the classes are loaded on first use.
 """
 
-from importlib import import_module
-from typing import Any
-
+from lightning_strategies.backends import lazy_exports
 from lightning_strategies_xla.version import __version__
 
 _LAZY = {
@@ -17,9 +15,4 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import warnings
 
 from lightning_strategies.conformance.suite import (
     ConformanceSuite,
     SuiteOptions,
     current_rank,
+    quiet_lightning,
     rank_report_path,
     results_as_dicts,
     run_parser,
@@ -29,17 +28,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    # The report is the output; Lightning's per-run chatter would bury it.
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    options = SuiteOptions(
-        strategy=arguments.strategy,
-        accelerator=arguments.accelerator,
-        devices=arguments.devices,
-        precision=arguments.precision,
-        workdir=arguments.workdir,
-    )
-    results = ConformanceSuite(options).run()
+    quiet_lightning()
+    results = ConformanceSuite(SuiteOptions.from_arguments(arguments)).run()
     with open(rank_report_path(arguments.report, current_rank()), "w") as handle:
         json.dump(results_as_dicts(results), handle, indent=1)
     return 0 if all(result.passed for result in results) else 1

@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import logging
 import os
 import signal
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +30,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 
 from lightning_strategies.conformance.model import ConformanceModel, loader
-from lightning_strategies.registry import get_registry
+from lightning_strategies.conformance.suite import first_optimizer, quiet_lightning, registered_entry
+from lightning_strategies.testing import QUIET_TRAINER
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,15 +87,9 @@ class Recorder(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         environment = getattr(trainer.strategy, "cluster_environment", None)  # single-device strategies have none
-        self.facts.update(
-            cluster_environment=type(environment).__name__,
-            global_rank=trainer.global_rank,
-            local_rank=trainer.local_rank,
-            node_rank=trainer.node_rank,
-            world_size=trainer.world_size,
-            num_nodes=trainer.num_nodes,
-            start_step=trainer.global_step,
-        )
+        ranks = ("global_rank", "local_rank", "node_rank", "world_size", "num_nodes")
+        self.facts.update({name: getattr(trainer, name) for name in ranks})
+        self.facts.update(cluster_environment=type(environment).__name__, start_step=trainer.global_step)
         save_weights(trainer, self.report / "weights.start.pt")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
@@ -117,13 +110,12 @@ def save_weights(trainer: Trainer, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    quiet_lightning()
     report = Path(arguments.report)
     report.mkdir(parents=True, exist_ok=True)
-    entry = get_registry().entry(arguments.strategy) if arguments.strategy in get_registry() else None
+    entry = registered_entry(arguments.strategy)
     torch.manual_seed(0)
-    model = ConformanceModel(optimizer=entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam")
+    model = ConformanceModel(optimizer=first_optimizer(entry))
     seed_everything(0, verbose=False)
     recorder = Recorder(report, arguments.requeue_at_step)
     trainer = Trainer(
@@ -134,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         num_nodes=arguments.num_nodes,
         max_steps=arguments.max_steps,
         callbacks=[recorder],
-        logger=False,
+        **QUIET_TRAINER,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         default_root_dir=arguments.root,
     )
     trainer.fit(model, train_dataloaders=loader(), ckpt_path=arguments.ckpt_path)

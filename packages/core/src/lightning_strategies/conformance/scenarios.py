@@ -16,11 +16,9 @@ raising or by SIGKILL, after writing the time to ``failed-at``.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +28,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.reliability import CHECKPOINTS, FAILED_AT
-from lightning_strategies.conformance.suite import run_parser
-from lightning_strategies.registry import get_registry
+from lightning_strategies.conformance.suite import SuiteOptions, quiet_lightning, run_parser
+from lightning_strategies.testing import QUIET_TRAINER
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,29 +85,21 @@ class ScenarioModel(ConformanceModel):
 
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(argv)
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-    workdir = Path(arguments.workdir)
-    entry = get_registry().entry(arguments.strategy) if arguments.strategy in get_registry() else None
+    quiet_lightning()
+    options = SuiteOptions.from_arguments(arguments)
+    workdir = Path(options.workdir)
     torch.manual_seed(0)
-    optimizer = entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam"
-    model = ScenarioModel(optimizer, arguments if arguments.fail_rank is not None else None, workdir)
+    model = ScenarioModel(options.optimizer(), arguments if arguments.fail_rank is not None else None, workdir)
     seed_everything(0, verbose=False)
     callbacks: list[Callback] = [
         Events(),
         AnnouncedCheckpoint(dirpath=workdir / CHECKPOINTS, save_last=True, every_n_epochs=1),
     ]
     trainer = Trainer(
-        strategy=arguments.strategy,
-        accelerator=arguments.accelerator,
-        devices=arguments.devices,
-        precision=arguments.precision,
+        **options.trainer_flags(),
+        **QUIET_TRAINER,
         max_epochs=arguments.max_epochs,
         callbacks=callbacks,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         default_root_dir=str(workdir),
     )
     trainer.fit(model, train_dataloaders=loader(), ckpt_path="last" if arguments.resume else None)

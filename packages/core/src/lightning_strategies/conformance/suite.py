@@ -8,11 +8,13 @@ where an uninterrupted run ends. That holds for sharded and unsharded strategies
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from lightning_strategies.conformance.model import SAMPLES, ConformanceModel, loader
 from lightning_strategies.conformance.tolerances import tolerance_for
-from lightning_strategies.registry import get_registry
+from lightning_strategies.registry import StrategyEntry, get_registry
+from lightning_strategies.testing import QUIET_TRAINER
 
 
 @dataclass
@@ -39,6 +42,24 @@ class SuiteOptions:
     precision: str = "32-true"
     workdir: str = "."
 
+    @classmethod
+    def from_arguments(cls, arguments: argparse.Namespace) -> SuiteOptions:
+        """The options ``run_parser`` read from a command line."""
+        return cls(**{option.name: getattr(arguments, option.name) for option in fields(cls)})
+
+    def optimizer(self) -> str:
+        """The optimizer the conformance model trains with under this strategy (``first_optimizer``)."""
+        return first_optimizer(registered_entry(self.strategy))
+
+    def trainer_flags(self) -> dict[str, Any]:
+        """What every Trainer of a run is given: the strategy under test, on these devices, in this precision."""
+        return {
+            "strategy": self.strategy,
+            "accelerator": self.accelerator,
+            "devices": self.devices,
+            "precision": self.precision,
+        }
+
 
 def run_parser(prog: str) -> argparse.ArgumentParser:
     """The options of every conformance run (the fields of ``SuiteOptions``), for its command line."""
@@ -49,6 +70,23 @@ def run_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--workdir", required=True)
     return parser
+
+
+def quiet_lightning() -> None:
+    """A run's report is its output: Lightning's per-run chatter would bury it."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def registered_entry(strategy: str) -> StrategyEntry | None:
+    """The registry's entry for ``strategy``, or None for a name it does not hold (a Lightning built-in)."""
+    registry = get_registry()
+    return registry.entry(strategy) if strategy in registry else None
+
+
+def first_optimizer(entry: StrategyEntry | None) -> str:
+    """The optimizer the strategy's metadata names first (Gemini trains only with its own), else Adam."""
+    return entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam"
 
 
 class _CollectiveProbe(Callback):
@@ -115,24 +153,17 @@ class ConformanceSuite:
     def __init__(self, options: SuiteOptions) -> None:
         self.options = options
         self.results: list[CheckResult] = []
-        entry = get_registry().entry(options.strategy) if options.strategy in get_registry() else None
-        self.optimizer = entry.optimizers[0] if entry and entry.optimizers else "torch.optim:Adam"
+        self.optimizer = options.optimizer()
         self.tolerance = tolerance_for(options.precision)
         self.workdir = Path(options.workdir)
 
     def trainer(self, **overrides: Any) -> Trainer:
-        settings: dict[str, Any] = dict(
-            strategy=self.options.strategy,
-            accelerator=self.options.accelerator,
-            devices=self.options.devices,
-            precision=self.options.precision,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=str(self.workdir),
-            num_sanity_val_steps=0,
-        )
+        settings: dict[str, Any] = {
+            **self.options.trainer_flags(),
+            **QUIET_TRAINER,
+            "enable_checkpointing": False,
+            "default_root_dir": str(self.workdir),
+        }
         settings.update(overrides)
         return Trainer(**settings)
 
