@@ -128,12 +128,15 @@ def test_parameter_docs_follow_a_shared_body_and_its_renaming(tmp_path, monkeypa
         '        """Args:\n            stage: The ZeRO stage.\n        """\n'
     )
     (package / "faces.py").write_text(
+        "from collections import OrderedDict\n"
         "from lightning_strategies import rename_parameter\n"
         "from .body import Body\n\n"
         "class Trainer(Body):\n"
         '    """Args:\n        precision_plugin: The Trainer\'s plugin.\n    """\n'
         '    __init__ = rename_parameter(Body.__init__, "precision", "precision_plugin")\n\n'
         "class Fabric(Body):\n"
+        "    pass\n\n"
+        "class Elsewhere(OrderedDict):\n"
         "    pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -143,3 +146,4 @@ def test_parameter_docs_follow_a_shared_body_and_its_renaming(tmp_path, monkeypa
         ("precision_plugin", "None", "The Trainer's plugin."),
     ]
     assert [doc.name for doc in parameter_docs("two_faces.faces:Fabric")] == ["stage", "precision"]
+    assert parameter_docs("two_faces.faces:Elsewhere") == []  # a base outside the package is not looked up

@@ -52,14 +52,18 @@ class _Module:
     tree: ast.Module
 
     def target_of(self, class_name: str) -> str | None:
-        """``"module:Class"`` for a class this module defines or imports by name, without importing anything."""
+        """``"module:Class"`` for a class this module defines or imports by name from its own top-level package.
+
+        Only there: looking a module up imports its package, and another package may be Lightning, or a backend.
+        """
         for node in self.tree.body:
             if isinstance(node, ast.ClassDef) and node.name == class_name:
                 return f"{self.name}:{class_name}"
             if isinstance(node, ast.ImportFrom):
                 for alias in node.names:
-                    if (alias.asname or alias.name) == class_name:
-                        return f"{self._absolute(node)}:{alias.name}"
+                    module = self._absolute(node)
+                    if (alias.asname or alias.name) == class_name and module.split(".")[0] == self.name.split(".")[0]:
+                        return f"{module}:{alias.name}"
         return None
 
     def _absolute(self, node: ast.ImportFrom) -> str:
