@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
-from lightning_strategies_fsdp.options import parse_options
+from lightning_strategies_fsdp.options import ShardingOptions
+from lightning_strategies_fsdp.strategy import FSDP2Strategy
+
+
+def parse_options(**arguments: object) -> ShardingOptions:
+    """The options the strategies' constructor (which holds the defaults) parses from ``arguments``."""
+    return FSDP2Strategy(**arguments).options
+
 
 NAMES = ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard")
 
@@ -171,7 +178,6 @@ def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
     """The choice behind the two-GPU clipping test (tests/test_gpu.py), which only a GPU machine runs."""
     import torch
 
-    from lightning_strategies_fsdp.options import parse_options
     from lightning_strategies_fsdp.sharding import mesh_backends
 
     offloading, plain = parse_options(cpu_offload=True), parse_options()
