@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from lightning_strategies.backends import require_backend
@@ -11,8 +13,10 @@ from lightning_strategies.parameters import (
     ObsoleteParameterWarning,
     check_choice,
     check_type,
+    rename_parameter,
     warn_obsolete_parameter,
 )
+from lightning_strategies.testing import check_trainer_and_fabric_agree
 
 
 def test_check_choice_lists_the_allowed_values():
@@ -65,3 +69,81 @@ def test_a_range_can_be_given_for_backends_installed_without_dependencies(monkey
             strategy_distribution="lightning-strategies",
             supported=">=0.5,<0.6",
         )
+
+
+class _Base:
+    def __init__(self, precision_plugin: object = None) -> None:
+        self.given = precision_plugin
+
+
+class _Body:
+    def __init__(self, stage: int = 2, precision: object = None, *, debug: bool = False) -> None:
+        super().__init__(precision_plugin=precision)  # type: ignore[call-arg]
+        self.stage, self.debug = stage, debug
+
+
+class _Face(_Body, _Base):
+    __init__ = rename_parameter(_Body.__init__, "precision", "precision_plugin")
+
+
+def test_a_renamed_constructor_is_the_body_under_the_faces_name() -> None:
+    assert list(inspect.signature(_Face).parameters) == ["stage", "precision_plugin", "debug"]
+    assert inspect.signature(_Face).parameters["debug"].default is False
+    face = _Face(3, "plugin", debug=True)
+    assert (face.stage, face.given, face.debug) == (3, "plugin", True)  # super() inside still skips the body
+    assert _Face(precision_plugin="by name").given == "by name"
+    with pytest.raises(TypeError, match="precision"):
+        _Face(precision="the other entry point's name")
+    assert "precision" in inspect.signature(_Body).parameters  # the body keeps its own
+    with pytest.raises(ValueError, match=r"'accuracy' must be one of its parameters \(self, stage, precision, debug\)"):
+        rename_parameter(_Body.__init__, "accuracy", "precision_plugin")
+
+
+def test_check_trainer_and_fabric_agree_names_the_parameter_that_differs() -> None:
+    class _Fabric(_Body):
+        pass
+
+    check_trainer_and_fabric_agree(_Face, _Fabric)
+
+    class _Drifted(_Body):
+        def __init__(self, stage: int = 3, precision: object = None, *, debug: bool = False) -> None: ...
+
+    with pytest.raises(AssertionError, match="stage: "):
+        check_trainer_and_fabric_agree(_Face, _Drifted)
+
+    class _Hidden(_Body):
+        def __init__(self, **options: object) -> None: ...
+
+    with pytest.raises(AssertionError, match=r"takes \[.\*\*options: .*name each option"):
+        check_trainer_and_fabric_agree(_Face, _Hidden)
+
+
+def test_parameter_docs_follow_a_shared_body_and_its_renaming(tmp_path, monkeypatch) -> None:
+    package = tmp_path / "two_faces"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "body.py").write_text(
+        "class Body:\n"
+        "    def __init__(self, stage=2, precision=None):\n"
+        '        """Args:\n            stage: The ZeRO stage.\n        """\n'
+    )
+    (package / "faces.py").write_text(
+        "from collections import OrderedDict\n"
+        "from lightning_strategies import rename_parameter\n"
+        "from .body import Body\n\n"
+        "class Trainer(Body):\n"
+        '    """Args:\n        precision_plugin: The Trainer\'s plugin.\n    """\n'
+        '    __init__ = rename_parameter(Body.__init__, "precision", "precision_plugin")\n\n'
+        "class Fabric(Body):\n"
+        "    pass\n\n"
+        "class Elsewhere(OrderedDict):\n"
+        "    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trainer = parameter_docs("two_faces.faces:Trainer")
+    assert [(doc.name, doc.default, doc.meaning) for doc in trainer] == [
+        ("stage", "2", "The ZeRO stage."),
+        ("precision_plugin", "None", "The Trainer's plugin."),
+    ]
+    assert [doc.name for doc in parameter_docs("two_faces.faces:Fabric")] == ["stage", "precision"]
+    assert parameter_docs("two_faces.faces:Elsewhere") == []  # a base outside the package is not looked up

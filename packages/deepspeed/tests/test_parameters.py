@@ -11,8 +11,8 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
+from lightning_strategies.testing import check_trainer_and_fabric_agree
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.body import PRECISION_PARAMETER
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
@@ -224,26 +224,17 @@ def test_batch_arithmetic():
 
 
 def test_trainer_and_fabric_constructors_agree():
-    """LightningCLI and ``lightning-strategies info`` read both signatures: the same parameters in the same order,
-    defaults and annotations, but for the precision one, named after each entry point's Lightning base class."""
-    trainer = list(inspect.signature(DeepSpeedStrategy).parameters.values())
-    fabric = list(inspect.signature(DeepSpeedFabricStrategy).parameters.values())
-    assert [parameter.name for parameter in trainer] == [
-        PRECISION_PARAMETER["trainer"] if parameter.name == PRECISION_PARAMETER["fabric"] else parameter.name
-        for parameter in fabric
-    ]
-    for ours, theirs in zip(trainer, fabric, strict=True):
-        if ours.name == PRECISION_PARAMETER["trainer"]:
-            assert ours.default is None and theirs.default is None
-            assert ours.annotation == "DeepSpeedPrecision | None" and theirs.annotation == "Precision | None"
-            continue
-        assert (ours.kind, ours.default, ours.annotation) == (theirs.kind, theirs.default, theirs.annotation), ours.name
+    """One constructor (body.py) serves both: LightningCLI and ``lightning-strategies info`` read each signature in
+    full, equal but for the precision plugin, named after each entry point's Lightning base class."""
+    check_trainer_and_fabric_agree(DeepSpeedStrategy, DeepSpeedFabricStrategy)
+    assert "precision_plugin" in inspect.signature(DeepSpeedStrategy).parameters
+    assert "precision" in inspect.signature(DeepSpeedFabricStrategy).parameters
+    with pytest.raises(TypeError, match="precision"):
+        DeepSpeedStrategy(precision=None)  # Fabric's name is no Trainer parameter, as in Lightning
 
 
-@pytest.mark.parametrize(
-    ("strategy_class", "entry_point"), [(DeepSpeedStrategy, "trainer"), (DeepSpeedFabricStrategy, "fabric")]
-)
-def test_constructor_defaults_are_those_of_defaults_py(strategy_class, entry_point):
+@pytest.mark.parametrize("strategy_class", [DeepSpeedStrategy, DeepSpeedFabricStrategy])
+def test_constructor_defaults_are_those_of_defaults_py(strategy_class):
     parameters = inspect.signature(strategy_class).parameters
     assert {name: parameters[name].default for name in DEFAULTS if name in parameters} == DEFAULTS
-    assert set(parameters) - set(DEFAULTS) == NOT_DEEPSPEED_SETTINGS | {PRECISION_PARAMETER[entry_point]}
+    assert set(parameters) - set(DEFAULTS) == NOT_DEEPSPEED_SETTINGS | {strategy_class.precision_keyword}

@@ -17,7 +17,14 @@ from lightning_strategies.testing import (
     assert_layout_identified_only_through,
     run_script,
 )
-from lightning_strategies_fsdp.options import parse_options
+from lightning_strategies_fsdp.options import ShardingOptions
+from lightning_strategies_fsdp.strategy import FSDP2Strategy
+
+
+def parse_options(**arguments: object) -> ShardingOptions:
+    """The options the strategies' constructor (which holds the defaults) parses from ``arguments``."""
+    return FSDP2Strategy(**arguments).options
+
 
 DISTRIBUTION = "lightning-strategies-fsdp"
 NAMES = ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard")
@@ -172,7 +179,6 @@ def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
     """The choice behind the two-GPU clipping test (tests/test_gpu.py), which only a GPU machine runs."""
     import torch
 
-    from lightning_strategies_fsdp.options import parse_options
     from lightning_strategies_fsdp.sharding import mesh_backends
 
     offloading, plain = parse_options(cpu_offload=True), parse_options()

@@ -8,27 +8,16 @@ import json
 import subprocess
 import sys
 
+from lightning_strategies.testing import check_trainer_and_fabric_agree
 from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
 
-# Parameters that name each entry point's own classes: the Trainer's and Fabric's accelerator and precision plugin
-# classes are distinct, and Lightning calls the plugin ``precision_plugin`` in one and ``precision`` in the other.
-ENTRY_POINT_SPECIFIC = {"accelerator", "precision_plugin", "precision"}
-
-
-def constructor(cls: type) -> list[tuple[str, object, object, object]]:
-    """(name, kind, default, annotation as written) of each parameter, in order."""
-    parameters = inspect.signature(cls.__init__).parameters.values()
-    return [(p.name, p.kind, p.default, p.annotation) for p in parameters if p.name not in ENTRY_POINT_SPECIFIC]
-
 
 def test_trainer_and_fabric_constructors_agree() -> None:
-    trainer, fabric = constructor(FSDP2Strategy), constructor(FSDP2FabricStrategy)
-    assert trainer == fabric
-    assert len(trainer) > 15  # the FSDP parameters themselves, not an empty comparison
-    trainer_names = list(inspect.signature(FSDP2Strategy.__init__).parameters)
-    fabric_names = list(inspect.signature(FSDP2FabricStrategy.__init__).parameters)
-    assert trainer_names.index("precision_plugin") == fabric_names.index("precision")
+    """One constructor (body.py) serves both; each face's signature names every option, with its default, for
+    LightningCLI and ``lightning-strategies info``. ``**kwargs`` is what goes on to ``fully_shard``."""
+    check_trainer_and_fabric_agree(FSDP2Strategy, FSDP2FabricStrategy, extra_keywords="kwargs")
+    assert len(inspect.signature(FSDP2Strategy).parameters) > 15  # the FSDP parameters themselves
 
 
 def test_fabric_module_imports_no_trainer_module() -> None:

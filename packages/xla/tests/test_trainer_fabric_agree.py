@@ -11,31 +11,17 @@ import sys
 import pytest
 import torch
 
+from lightning_strategies.testing import check_trainer_and_fabric_agree
 from lightning_strategies_xla import body, fabric, strategy
-
-# Lightning calls the precision plugin ``precision_plugin`` in the Trainer and ``precision`` in Fabric, and each
-# entry point has its own XLAPrecision class.
-ENTRY_POINT_SPECIFIC = {"precision_plugin", "precision"}
-
-
-def shared_parameters(cls: type) -> list[tuple[str, object, object, object]]:
-    """Name, kind, default and annotation (as written) of each parameter but the entry point's own, in order."""
-    signature = inspect.signature(cls.__init__)
-    return [
-        (name, parameter.kind, parameter.default, parameter.annotation)
-        for name, parameter in signature.parameters.items()
-        if name not in ENTRY_POINT_SPECIFIC
-    ]
 
 
 @pytest.mark.parametrize("name", ["XLAStrategy", "SingleDeviceXLAStrategy"])
 def test_trainer_and_fabric_constructors_agree(name: str) -> None:
+    """One constructor per strategy (body.py) serves both faces; each signature names every option, with its
+    default, for LightningCLI and ``lightning-strategies info``. XLAStrategy's ``**kwargs`` are refused by name."""
     trainer_class, fabric_class = getattr(strategy, name), getattr(fabric, name)
-    assert shared_parameters(trainer_class) == shared_parameters(fabric_class)
-    assert len(shared_parameters(trainer_class)) >= 5  # self, the devices, debug: not an empty comparison
-    trainer_names = list(inspect.signature(trainer_class.__init__).parameters)
-    fabric_names = list(inspect.signature(fabric_class.__init__).parameters)
-    assert trainer_names.index("precision_plugin") == fabric_names.index("precision")
+    check_trainer_and_fabric_agree(trainer_class, fabric_class, extra_keywords="kwargs")
+    assert {"debug", "precision_plugin"} <= set(inspect.signature(trainer_class).parameters)
 
 
 def test_fabric_module_imports_no_trainer_module() -> None:

@@ -22,6 +22,7 @@ from lightning_strategies.parameters import (
     ObsoleteParameterWarning,
     check_choice,
     check_type,
+    rename_parameter,
     warn_obsolete_parameter,
 )
 from lightning_strategies.planning import plan
@@ -58,6 +59,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "plan",
+    "rename_parameter",
     "warn_obsolete_parameter",
     "watched_modules",
 ]

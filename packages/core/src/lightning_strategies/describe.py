@@ -2,7 +2,9 @@
 
 `lightning-strategies info` must not import a backend, yet users want each default with its
 meaning. The class's source is parsed: ``__init__``'s defaults, and the Google-style ``Args:``
-section of the class or ``__init__`` docstring.
+section of the class or ``__init__`` docstring. A class that writes no ``__init__`` of its own has the one of
+its first base that does (a body shared by a Trainer and a Fabric strategy), or, where it assigns
+``__init__ = rename_parameter(Base.__init__, "old", "new")``, that one with the parameter renamed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ class ParameterDoc:
     meaning: str
 
 
-def parameter_docs(target: str) -> list[ParameterDoc]:
+# How many classes up a constructor is looked for: a face, its body, and what the body builds on.
+_MAX_DEPTH = 4
+
+
+def parameter_docs(target: str, _depth: int = 0) -> list[ParameterDoc]:
     """Parameters of ``"module:Class"``'s constructor; empty when the source cannot be read."""
     module_name, _, class_name = target.partition(":")
     try:
@@ -35,14 +41,45 @@ def parameter_docs(target: str) -> list[ParameterDoc]:
         tree = ast.parse(handle.read())
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            return _class_parameters(node)
+            return _class_parameters(node, _Module(module_name, spec.origin, tree), _depth)
     return []
 
 
-def _class_parameters(node: ast.ClassDef) -> list[ParameterDoc]:
+@dataclass
+class _Module:
+    name: str
+    path: str
+    tree: ast.Module
+
+    def target_of(self, class_name: str) -> str | None:
+        """``"module:Class"`` for a class this module defines or imports by name from its own top-level package.
+
+        Only there: looking a module up imports its package, and another package may be Lightning, or a backend.
+        """
+        for node in self.tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                return f"{self.name}:{class_name}"
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    module = self._absolute(node)
+                    if (alias.asname or alias.name) == class_name and module.split(".")[0] == self.name.split(".")[0]:
+                        return f"{module}:{alias.name}"
+        return None
+
+    def _absolute(self, node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        is_package = self.path.endswith("__init__.py")
+        parts = self.name.split(".")[: len(self.name.split(".")) - node.level + is_package]
+        return ".".join([*parts, node.module] if node.module else parts)
+
+
+def _class_parameters(node: ast.ClassDef, module: _Module, depth: int) -> list[ParameterDoc]:
     init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
     if init is None:
-        return []
+        meanings = _args_section(ast.get_docstring(node) or "")
+        inherited = _inherited_parameters(node, module, depth)
+        return [ParameterDoc(doc.name, doc.default, meanings.get(doc.name) or doc.meaning) for doc in inherited]
     meanings = {
         **_args_section(ast.get_docstring(node) or ""),
         **_args_section(ast.get_docstring(init) or ""),
@@ -58,6 +95,42 @@ def _class_parameters(node: ast.ClassDef) -> list[ParameterDoc]:
         for arg, default in pairs
         if arg.arg != "self"
     ]
+
+
+def _inherited_parameters(node: ast.ClassDef, module: _Module, depth: int) -> list[ParameterDoc]:
+    if depth >= _MAX_DEPTH:
+        return []
+    renamed = _renamed_constructor(node)
+    if renamed is not None:
+        base_name, old, new = renamed
+        target = module.target_of(base_name)
+        documented = parameter_docs(target, depth + 1) if target else []
+        return [ParameterDoc(new, doc.default, doc.meaning) if doc.name == old else doc for doc in documented]
+    for base in node.bases:
+        target = module.target_of(base.id) if isinstance(base, ast.Name) else None
+        documented = parameter_docs(target, depth + 1) if target else []
+        if documented:
+            return documented
+    return []
+
+
+def _renamed_constructor(node: ast.ClassDef) -> tuple[str, str, str] | None:
+    """(base, old, new) of ``__init__ = rename_parameter(Base.__init__, "old", "new")`` in the class body."""
+    for item in node.body:
+        if not (isinstance(item, ast.Assign) and [ast.unparse(target) for target in item.targets] == ["__init__"]):
+            continue
+        call = item.value
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func).endswith("rename_parameter")):
+            continue
+        function, *names = call.args
+        if (
+            isinstance(function, ast.Attribute)
+            and isinstance(function.value, ast.Name)
+            and len(names) == 2
+            and all(isinstance(name, ast.Constant) and isinstance(name.value, str) for name in names)
+        ):
+            return function.value.id, names[0].value, names[1].value  # type: ignore[attr-defined]
+    return None
 
 
 def _args_section(docstring: str) -> dict[str, str]:

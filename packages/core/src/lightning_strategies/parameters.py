@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import types
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -43,3 +44,35 @@ def check_type(strategy: str, parameter: str, value: Any, expected: type | tuple
 
 def _as_tuple(expected: type | tuple[type, ...]) -> tuple[type, ...]:
     return expected if isinstance(expected, tuple) else (expected,)
+
+
+def rename_parameter(function: Callable[..., Any], old: str, new: str) -> Callable[..., Any]:
+    """``function`` with its parameter ``old`` called ``new``: the same code, defaults and annotations.
+
+    For a constructor written once in the body a Trainer and a Fabric strategy share, where the two Lightning base
+    classes name one parameter differently (``precision_plugin`` and ``precision``). The copy is a plain function,
+    not a wrapper over ``**kwargs``, so ``inspect.signature``, LightningCLI and ``lightning-strategies info`` read
+    the face's full signature, and a call with the other entry point's name is refused as Python refuses any
+    unknown keyword.
+    """
+    code = function.__code__
+    arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    if old not in arguments or new in code.co_varnames:
+        raise ValueError(
+            f"rename_parameter({function.__qualname__}, {old!r}, {new!r}): {old!r} must be one of its parameters "
+            f"({', '.join(arguments)}) and {new!r} a name it does not use yet."
+        )
+    names = tuple(new if name == old else name for name in code.co_varnames)
+    renamed = types.FunctionType(
+        code.replace(co_varnames=names),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,  # keeps the __class__ cell, so super() inside still means the defining class
+    )
+    renamed.__kwdefaults__ = function.__kwdefaults__
+    renamed.__annotations__ = {new if name == old else name: kind for name, kind in function.__annotations__.items()}
+    renamed.__doc__ = function.__doc__
+    renamed.__module__ = function.__module__
+    renamed.__qualname__ = function.__qualname__
+    return renamed

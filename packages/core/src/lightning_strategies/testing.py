@@ -34,6 +34,7 @@ __all__ = [
     "another_packages_checkpoint",
     "assert_install_hints_match",
     "assert_layout_identified_only_through",
+    "check_trainer_and_fabric_agree",
     "checkpoint_layouts_described",
     "described",
     "error_of",
@@ -244,3 +245,53 @@ def assert_layout_identified_only_through(
         assert found == [None] * len(not_matching), f"{not_matching} are taken for {found}"
     finally:
         registry_module._registry = saved
+
+
+def check_trainer_and_fabric_agree(
+    trainer_class: type,
+    fabric_class: type,
+    own_names: Mapping[str, str] | None = None,
+    extra_keywords: str | None = None,
+) -> None:
+    """Assert that a package's Trainer and Fabric strategies take the same options, each by name.
+
+    Every parameter but ``**extra_keywords`` (keywords that are no option of the strategy's: FSDP hands them on to
+    ``fully_shard``, XLA refuses them by name) must be named with a default, so ``inspect.signature``, LightningCLI
+    and ``lightning-strategies info`` see all of them. The two signatures must match in order, kind, default and
+    annotation, but for the parameters each entry point names after its own Lightning base class: ``own_names`` maps
+    the Trainer's name to Fabric's (by default ``precision_plugin`` to ``precision``); those must stand at the same
+    place. Where jsonargparse (LightningCLI's parser) is installed, it must read every parameter of both.
+    """
+    import inspect
+
+    renamed = {"precision_plugin": "precision"} if own_names is None else dict(own_names)
+    signatures = {cls: inspect.signature(cls) for cls in (trainer_class, fabric_class)}
+    for cls, signature in signatures.items():
+        parameters = [parameter for name, parameter in signature.parameters.items() if name != extra_keywords]
+        # *args and **kwargs have no default either: only ``**extra_keywords`` may stand without one.
+        unnamed = [str(parameter) for parameter in parameters if parameter.default is parameter.empty]
+        assert not unnamed, f"{cls.__qualname__} takes {unnamed}: name each option, with its default."
+        _check_jsonargparse_reads(cls, [parameter.name for parameter in parameters])
+    trainer = list(signatures[trainer_class].parameters.values())
+    fabric = list(signatures[fabric_class].parameters.values())
+    assert [renamed.get(parameter.name, parameter.name) for parameter in trainer] == [p.name for p in fabric], (
+        f"{trainer_class.__qualname__} and {fabric_class.__qualname__} name or order their parameters differently."
+    )
+    for ours, theirs in zip(trainer, fabric, strict=True):
+        if ours.name in renamed:
+            continue
+        assert (ours.kind, ours.default, ours.annotation) == (theirs.kind, theirs.default, theirs.annotation), (
+            f"{ours.name}: {trainer_class.__qualname__} takes {ours}, {fabric_class.__qualname__} {theirs}."
+        )
+
+
+def _check_jsonargparse_reads(cls: type, names: list[str]) -> None:
+    try:
+        from jsonargparse import ArgumentParser
+    except ImportError:  # only LightningCLI users install it; package test environments need not
+        return
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, "strategy")
+    read = {action.dest.removeprefix("strategy.") for action in parser._actions}
+    missing = [name for name in names if name not in read]
+    assert not missing, f"jsonargparse (LightningCLI's parser) does not read {missing} of {cls.__qualname__}."

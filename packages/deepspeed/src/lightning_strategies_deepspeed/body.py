@@ -4,19 +4,24 @@
 ``DDPStrategy`` and keep only what their entry point asks for. This module imports nothing of the Trainer
 (``lightning.pytorch``), so the Fabric strategy loads without it.
 
-Both constructors take the same parameters, in the same order and with the same defaults (``defaults.py``
-for the DeepSpeed settings), but for one, named as each entry point's ``DDPStrategy`` names it:
-``precision_plugin`` for the Trainer, ``precision`` for Fabric. ``tests/test_parameters.py`` holds them equal.
+The constructor is written once, here, with the parameters of Lightning's DeepSpeed strategies in their order
+and the DeepSpeed settings' defaults of ``defaults.py``. Fabric's strategy has it as written; the Trainer's has it
+with ``precision`` named ``precision_plugin`` (``rename_parameter``), as each entry point's ``DDPStrategy`` names
+it. ``tests/test_parameters.py`` holds the two signatures in agreement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+import os
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
 from lightning_strategies.checkpoints import recover, staged_save
@@ -34,9 +39,6 @@ DTYPES = {
     "bf16-mixed": torch.bfloat16,
     "bf16-true": torch.bfloat16,
 }
-
-# The one constructor parameter each entry point names after its own Lightning base class.
-PRECISION_PARAMETER = {"trainer": "precision_plugin", "fabric": "precision"}
 
 
 class _ParallelStrategy(Protocol):
@@ -76,23 +78,86 @@ class DeepSpeedBody:
 
     parameters: dict[str, Any]
     config: dict[str, Any]
+    remote_device: str | None
+    load_full_weights: bool
+    exclude_frozen_parameters: bool
 
-    def __init__(self, arguments: Mapping[str, Any], **base_arguments: Any) -> None:
-        """``arguments``: the face's constructor arguments (its ``locals()``); ``base_arguments`` go to Lightning.
+    # The keyword each entry point's DDPStrategy takes the precision plugin by: "precision_plugin" or "precision".
+    precision_keyword: ClassVar[str]
 
-        Bad values are refused before Lightning's constructor runs, as Lightning's DeepSpeed strategy does.
-        """
+    def __init__(
+        self,
+        accelerator: Any = None,
+        zero_optimization: bool = True,
+        stage: int = 2,
+        remote_device: str | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        offload_params_device: str = "cpu",
+        nvme_path: str = "/local_nvme",
+        params_buffer_count: int = 5,
+        params_buffer_size: int = 100_000_000,
+        max_in_cpu: int = 1_000_000_000,
+        offload_optimizer_device: str = "cpu",
+        optimizer_buffer_count: int = 4,
+        block_size: int = 1048576,
+        queue_depth: int = 8,
+        single_submit: bool = False,
+        overlap_events: bool = True,
+        thread_count: int = 1,
+        pin_memory: bool = False,
+        sub_group_size: int = 1_000_000_000_000,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        allgather_partitions: bool = True,
+        reduce_scatter: bool = True,
+        allgather_bucket_size: int = 200_000_000,
+        reduce_bucket_size: int = 200_000_000,
+        zero_allow_untested_optimizer: bool = True,
+        logging_batch_size_per_gpu: str | int = "auto",
+        config: str | os.PathLike | dict[str, Any] | None = None,
+        logging_level: int = logging.WARN,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        loss_scale: float = 0,
+        initial_scale_power: int = 16,
+        loss_scale_window: int = 1000,
+        hysteresis: int = 2,
+        min_loss_scale: int = 1,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        contiguous_memory_optimization: bool = False,
+        synchronize_checkpoint_boundary: bool = False,
+        load_full_weights: bool = False,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        exclude_frozen_parameters: bool = False,
+    ) -> None:
+        """Bad values are refused before Lightning's constructor runs, as Lightning's DeepSpeed strategy does."""
+        arguments = locals()
         parameters = {name: arguments[name] for name in DEFAULTS}
         settings.validate_parameters(parameters)
-        user_config = settings.load_user_config(arguments["config"])
+        user_config = settings.load_user_config(config)
         settings.warn_ineffective_parameters(parameters, config_given=user_config is not None)
-        super().__init__(**base_arguments)
+        super().__init__(  # type: ignore[call-arg]  # Lightning's strategy, after this mixin
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            **{self.precision_keyword: precision},
+        )
         self.parameters = parameters
         self.config = user_config if user_config is not None else settings.build_config(parameters)
-        self.remote_device: str | None = arguments["remote_device"]
-        self.load_full_weights: bool = arguments["load_full_weights"]
-        self.exclude_frozen_parameters: bool = arguments["exclude_frozen_parameters"]
+        self.remote_device = remote_device
+        self.load_full_weights = load_full_weights
+        self.exclude_frozen_parameters = exclude_frozen_parameters
         self._config_completed = False
+        self._finish_init(precision)
+
+    def _finish_init(self, precision: Precision | None) -> None:
+        """What a face sets up after the shared constructor; ``precision`` is the plugin it was given, if any."""
 
     @property
     def zero_stage_3(self) -> bool:

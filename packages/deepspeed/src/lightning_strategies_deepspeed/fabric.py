@@ -9,17 +9,12 @@ with the Trainer strategy lives in ``body.py``; this module imports nothing of t
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from datetime import timedelta
 from typing import Any
 
 import torch
 from lightning.fabric.accelerators import CPUAccelerator
-from lightning.fabric.plugins import ClusterEnvironment
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.strategies.ddp import DDPStrategy
 from lightning.fabric.strategies.deepspeed import DeepSpeedStrategy as LightningFabricDeepSpeedStrategy
@@ -65,65 +60,9 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     """Fabric's DeepSpeed strategy; the parameters are those of the Trainer's DeepSpeedStrategy."""
 
     _own_precision_given = False  # read by the precision setter, which the base constructor calls
+    precision_keyword = "precision"
 
-    def __init__(
-        self,
-        accelerator: Any = None,
-        zero_optimization: bool = True,
-        stage: int = 2,
-        remote_device: str | None = None,
-        offload_optimizer: bool = False,
-        offload_parameters: bool = False,
-        offload_params_device: str = "cpu",
-        nvme_path: str = "/local_nvme",
-        params_buffer_count: int = 5,
-        params_buffer_size: int = 100_000_000,
-        max_in_cpu: int = 1_000_000_000,
-        offload_optimizer_device: str = "cpu",
-        optimizer_buffer_count: int = 4,
-        block_size: int = 1048576,
-        queue_depth: int = 8,
-        single_submit: bool = False,
-        overlap_events: bool = True,
-        thread_count: int = 1,
-        pin_memory: bool = False,
-        sub_group_size: int = 1_000_000_000_000,
-        contiguous_gradients: bool = True,
-        overlap_comm: bool = True,
-        allgather_partitions: bool = True,
-        reduce_scatter: bool = True,
-        allgather_bucket_size: int = 200_000_000,
-        reduce_bucket_size: int = 200_000_000,
-        zero_allow_untested_optimizer: bool = True,
-        logging_batch_size_per_gpu: str | int = "auto",
-        config: str | os.PathLike | dict[str, Any] | None = None,
-        logging_level: int = logging.WARN,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        loss_scale: float = 0,
-        initial_scale_power: int = 16,
-        loss_scale_window: int = 1000,
-        hysteresis: int = 2,
-        min_loss_scale: int = 1,
-        partition_activations: bool = False,
-        cpu_checkpointing: bool = False,
-        contiguous_memory_optimization: bool = False,
-        synchronize_checkpoint_boundary: bool = False,
-        load_full_weights: bool = False,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-        exclude_frozen_parameters: bool = False,
-    ) -> None:
-        super().__init__(
-            locals(),
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision=precision,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-        )
+    def _finish_init(self, precision: Precision | None) -> None:
         self._own_precision_given = precision is not None
         # The engine reduces gradients only on the accumulation boundary its config sets, so there is no
         # reduction to skip: fabric.no_backward_sync then warns and goes on, as with Lightning's DeepSpeed.

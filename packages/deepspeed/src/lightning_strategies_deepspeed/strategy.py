@@ -14,13 +14,10 @@ import logging
 import os
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.plugins import ClusterEnvironment
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import _init_optimizers_and_lr_schedulers
 from lightning.pytorch.strategies.ddp import DDPStrategy
@@ -29,7 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
-from lightning_strategies import CheckpointError, MissingBackendError
+from lightning_strategies import CheckpointError, MissingBackendError, rename_parameter
 from lightning_strategies.checkpoints import remove
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -51,65 +48,10 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
 
     strategy_name = "deepspeed"
 
-    def __init__(
-        self,
-        accelerator: Any = None,
-        zero_optimization: bool = True,
-        stage: int = 2,
-        remote_device: str | None = None,
-        offload_optimizer: bool = False,
-        offload_parameters: bool = False,
-        offload_params_device: str = "cpu",
-        nvme_path: str = "/local_nvme",
-        params_buffer_count: int = 5,
-        params_buffer_size: int = 100_000_000,
-        max_in_cpu: int = 1_000_000_000,
-        offload_optimizer_device: str = "cpu",
-        optimizer_buffer_count: int = 4,
-        block_size: int = 1048576,
-        queue_depth: int = 8,
-        single_submit: bool = False,
-        overlap_events: bool = True,
-        thread_count: int = 1,
-        pin_memory: bool = False,
-        sub_group_size: int = 1_000_000_000_000,
-        contiguous_gradients: bool = True,
-        overlap_comm: bool = True,
-        allgather_partitions: bool = True,
-        reduce_scatter: bool = True,
-        allgather_bucket_size: int = 200_000_000,
-        reduce_bucket_size: int = 200_000_000,
-        zero_allow_untested_optimizer: bool = True,
-        logging_batch_size_per_gpu: str | int = "auto",
-        config: str | os.PathLike | dict[str, Any] | None = None,
-        logging_level: int = logging.WARN,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        loss_scale: float = 0,
-        initial_scale_power: int = 16,
-        loss_scale_window: int = 1000,
-        hysteresis: int = 2,
-        min_loss_scale: int = 1,
-        partition_activations: bool = False,
-        cpu_checkpointing: bool = False,
-        contiguous_memory_optimization: bool = False,
-        synchronize_checkpoint_boundary: bool = False,
-        load_full_weights: bool = False,
-        precision_plugin: DeepSpeedPrecision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-        exclude_frozen_parameters: bool = False,
-    ) -> None:
-        super().__init__(
-            locals(),
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-        )
-        self._full_weights_pending = False
+    # Lightning's Trainer strategies take the precision plugin as ``precision_plugin``: the body's constructor so named.
+    __init__ = rename_parameter(DeepSpeedBody.__init__, "precision", "precision_plugin")
+    precision_keyword = "precision_plugin"
+    _full_weights_pending = False
 
     # -- precision ---------------------------------------------------------------------------
 

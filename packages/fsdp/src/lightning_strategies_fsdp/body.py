@@ -1,17 +1,27 @@
-"""The one body of the Trainer and the Fabric FSDP2 strategies: options, process group, collectives and checkpoint
-writing, written once. ``strategy.py`` and ``fabric.py`` are thin faces over it that keep Lightning's two method
-names and signatures. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free of Trainer modules.
+"""The one body of the Trainer and the Fabric FSDP2 strategies: constructor, options, process group, collectives and
+checkpoint writing, written once. ``strategy.py`` and ``fabric.py`` are thin faces over it that keep Lightning's two
+method names and signatures. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free of Trainer
+modules.
+
+The constructor takes Lightning's FSDPStrategy parameters (``options.py`` maps them onto FSDP2). Fabric's strategy
+has it as written; the Trainer's has it with ``precision`` named ``precision_plugin`` (``rename_parameter``), as each
+entry point's ``ParallelStrategy`` names it. tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from lightning.fabric.accelerators import Accelerator
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.distributed import _distributed_is_initialized, _sync_ddp_if_available
 from lightning.fabric.utilities.distributed import group as distributed_group
 from torch import Tensor, nn
@@ -40,23 +50,54 @@ class FSDP2Body(LightningAttributesMixin, ProcessGroupMixin):
 
     # Each face's own launcher class: the Trainer's and Fabric's are distinct classes of the same name.
     launcher_class: ClassVar[type]
+    # The keyword each entry point's ParallelStrategy takes the precision plugin by: "precision_plugin" or "precision".
+    precision_keyword: ClassVar[str]
     checkpoint_io: Any
     is_global_zero: bool
     _checkpoint_io: Any
     _launcher: Any
 
-    def _take_arguments(self, arguments: Mapping[str, Any]) -> None:
-        """The constructor's work after Lightning's base ``__init__``. ``arguments`` is the face's ``locals()``:
-        read by name, so both faces keep explicit signatures (LightningCLI and ``info`` read them) without writing
-        the forwarding twice; tests/test_trainer_fabric_agree.py holds the two signatures equal."""
-        sharding = {name: arguments[name] for name in SHARDING_PARAMETERS}
-        self.options = parse_options(**sharding, **arguments["kwargs"])
-        self.mixed_precision = arguments["mixed_precision"]
-        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", arguments["state_dict_type"], STATE_DICT_TYPES)
-        self._process_group_backend = arguments["process_group_backend"]
-        self._timeout = arguments["timeout"]
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        auto_wrap_policy: Any = None,
+        cpu_offload: Any = False,
+        mixed_precision: Any = None,
+        sharding_strategy: Any = "FULL_SHARD",
+        backward_prefetch: Any = None,
+        forward_prefetch: bool = False,
+        limit_all_gathers: bool = True,
+        use_orig_params: bool = True,
+        param_init_fn: Callable[[torch.nn.Module], None] | None = None,
+        sync_module_states: bool = False,
+        activation_checkpointing_policy: Any = None,
+        device_mesh: Any = None,
+        state_dict_type: str = "sharded",
+        **kwargs: Any,
+    ) -> None:
+        """``kwargs``: ``fully_shard`` arguments passed through (``shard_placement_fn``, ``ignored_params``), and
+        FSDP1 ones accepted with a warning that says what replaced them."""
+        super().__init__(  # type: ignore[call-arg]  # Lightning's strategy, after this mixin
+            accelerator, parallel_devices, cluster_environment, checkpoint_io, **{self.precision_keyword: precision}
+        )
+        arguments = locals()
+        self.options = parse_options(**{name: arguments[name] for name in SHARDING_PARAMETERS}, **kwargs)
+        self.mixed_precision = mixed_precision
+        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout
         self._device_mesh: DeviceMesh | None = None
         self._num_nodes = 1
+        self._finish_init()
+
+    def _finish_init(self) -> None:
+        """What a face sets up after the shared constructor."""
 
     @property
     def num_nodes(self) -> int:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.fabric.strategies.parallel import ParallelStrategy
 from lightning.fabric.strategies.strategy import _BackwardSyncControl
@@ -33,32 +30,9 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
 
     launcher_class = _SubprocessScriptLauncher
 
-    def __init__(
-        self,
-        accelerator: Any = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision: Any = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-        auto_wrap_policy: Any = None,
-        cpu_offload: Any = False,
-        mixed_precision: Any = None,
-        sharding_strategy: Any = "FULL_SHARD",
-        backward_prefetch: Any = None,
-        forward_prefetch: bool = False,
-        limit_all_gathers: bool = True,
-        use_orig_params: bool = True,
-        param_init_fn: Callable[[torch.nn.Module], None] | None = None,
-        sync_module_states: bool = False,
-        activation_checkpointing_policy: Any = None,
-        device_mesh: Any = None,
-        state_dict_type: str = "sharded",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(accelerator, parallel_devices, cluster_environment, checkpoint_io, precision)
-        self._take_arguments(locals())
+    precision_keyword = "precision"
+
+    def _finish_init(self) -> None:
         self._backward_sync_control = _GradientSyncControl()
 
     def setup_environment(self) -> None:

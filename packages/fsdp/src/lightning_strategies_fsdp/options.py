@@ -62,21 +62,24 @@ class ShardingOptions:
 
 def parse_options(
     *,
-    auto_wrap_policy: Any = None,
-    activation_checkpointing_policy: Any = None,
-    cpu_offload: Any = False,
-    mixed_precision: Any = None,
-    sharding_strategy: Any = "FULL_SHARD",
-    backward_prefetch: Any = None,
-    forward_prefetch: bool = False,
-    limit_all_gathers: bool = True,
-    use_orig_params: bool = True,
-    param_init_fn: Callable[[nn.Module], None] | None = None,
-    sync_module_states: bool = False,
-    device_mesh: Any = None,
+    auto_wrap_policy: Any,
+    activation_checkpointing_policy: Any,
+    cpu_offload: Any,
+    mixed_precision: Any,
+    sharding_strategy: Any,
+    backward_prefetch: Any,
+    forward_prefetch: bool,
+    limit_all_gathers: bool,
+    use_orig_params: bool,
+    param_init_fn: Callable[[nn.Module], None] | None,
+    sync_module_states: bool,
+    device_mesh: Any,
     **extra: Any,
 ) -> ShardingOptions:
-    """Validate the FSDP1-style arguments and return their FSDP2 meaning."""
+    """Validate the FSDP1-style arguments and return their FSDP2 meaning.
+
+    Every argument is required: the defaults are the strategies' constructor's (body.py), kept in that one place.
+    """
     if limit_all_gathers is not True:
         warn_obsolete_parameter(
             STRATEGY,

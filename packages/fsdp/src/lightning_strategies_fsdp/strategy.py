@@ -11,15 +11,13 @@ every ``isinstance`` check Lightning makes for its FSDP strategy treats this one
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Generator, Mapping
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
@@ -30,6 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
+from lightning_strategies import rename_parameter
 from lightning_strategies.checkpoints import reads_torch_save_files, remove
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -62,34 +61,9 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
     strategy_name = "fsdp"
     launcher_class = _SubprocessScriptLauncher
 
-    def __init__(
-        self,
-        accelerator: pl.accelerators.Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-        auto_wrap_policy: Any = None,
-        cpu_offload: Any = False,
-        mixed_precision: Any = None,
-        sharding_strategy: Any = "FULL_SHARD",
-        backward_prefetch: Any = None,
-        forward_prefetch: bool = False,
-        limit_all_gathers: bool = True,
-        use_orig_params: bool = True,
-        param_init_fn: Callable[[torch.nn.Module], None] | None = None,
-        sync_module_states: bool = False,
-        activation_checkpointing_policy: Any = None,
-        device_mesh: Any = None,
-        state_dict_type: str = "sharded",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin=precision_plugin
-        )
-        self._take_arguments(locals())
+    # Lightning's Trainer strategies take the precision plugin as ``precision_plugin``: the body's constructor so named.
+    __init__ = rename_parameter(FSDP2Body.__init__, "precision", "precision_plugin")
+    precision_keyword = "precision_plugin"
 
     def _precision_flag(self) -> str:
         return str(self.precision_plugin.precision)

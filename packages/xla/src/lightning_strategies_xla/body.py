@@ -1,7 +1,11 @@
-"""The one body of the Trainer and the Fabric XLA strategies: argument checks, the XLA device, the debug switch and
-the checkpoint steps they take alike. ``strategy.py`` and ``fabric.py`` are thin faces over it, each on Lightning's
-base classes of its entry point. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free of
-Trainer modules.
+"""The one body of the Trainer and the Fabric XLA strategies: constructors, argument checks, the XLA device, the debug
+switch and the checkpoint steps they take alike. ``strategy.py`` and ``fabric.py`` are thin faces over it, each on
+Lightning's base classes of its entry point. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free
+of Trainer modules.
+
+Each constructor is written once, here. Fabric's strategies have it as written; the Trainer's have it with
+``precision`` named ``precision_plugin`` (``rename_parameter``), as each entry point's Lightning classes name it.
+tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
 """
 
 from __future__ import annotations
@@ -9,9 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Generator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.types import _PATH
 
 from lightning_strategies import check_type
@@ -93,6 +98,60 @@ class OneDeviceMixin:
 
             self._xla_device = torch_xla.device(self._device_index)
         return self._xla_device
+
+
+class XLABody(LaunchedDeviceMixin):
+    """The constructor of both entry points' ``XLAStrategy``."""
+
+    # The keyword each entry point's XLAStrategy takes the precision plugin by: "precision_plugin" or "precision".
+    precision_keyword: ClassVar[str]
+    debug: bool
+
+    def __init__(
+        self,
+        accelerator: Any = None,
+        parallel_devices: list[torch.device] | None = None,
+        checkpoint_io: Any = None,
+        precision: Precision | None = None,
+        debug: bool = False,
+        sync_module_states: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        """``kwargs`` are refused by name: Lightning's Trainer strategy would drop them silently."""
+        check_arguments("XLAStrategy", debug, sync_module_states, **kwargs)
+        super().__init__(  # type: ignore[call-arg]  # Lightning's strategy, after this mixin
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            checkpoint_io=checkpoint_io,
+            sync_module_states=sync_module_states,
+            **{self.precision_keyword: precision},
+        )
+        self.debug = debug
+
+
+class SingleDeviceXLABody(OneDeviceMixin):
+    """The constructor of both entry points' ``SingleDeviceXLAStrategy``."""
+
+    debug: bool
+
+    def __init__(
+        self,
+        device: int | torch.device | None = None,
+        accelerator: Any = None,
+        checkpoint_io: Any = None,
+        precision: Precision | None = None,
+        debug: bool = False,
+    ) -> None:
+        check_arguments("SingleDeviceXLAStrategy", debug)
+        self._init_lightning_base(self._placeholder_device(device), accelerator, checkpoint_io, precision)
+        self.debug = debug
+
+    def _init_lightning_base(
+        self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Precision | None
+    ) -> None:
+        """The face's Lightning ``SingleDeviceStrategy.__init__``: not its XLA strategy's, which creates the device
+        with the deprecated ``xm.xla_device()`` at construction."""
+        raise NotImplementedError
 
 
 class OneFileCheckpointsMixin:

@@ -30,9 +30,9 @@ from lightning_strategies.precision import is_stock_precision
 from lightning_strategies_xla.body import (
     DebugSwitchMixin,
     LaunchedDeviceMixin,
-    OneDeviceMixin,
     OneFileCheckpointsMixin,
-    check_arguments,
+    SingleDeviceXLABody,
+    XLABody,
 )
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin, forget_stock_environment
@@ -98,40 +98,19 @@ class _OneFileCheckpointsMixin(OneFileCheckpointsMixin):
         return super().load_checkpoint(path, state, strict=strict, **weights_only_keyword(weights_only))  # type: ignore[misc]
 
 
-class XLAStrategy(LaunchedDeviceMixin, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
+class XLAStrategy(XLABody, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
     """Fabric's data parallel over every XLA device, one process per device (``debug``, ``sync_module_states``)."""
 
-    def __init__(
-        self,
-        accelerator: Any = None,
-        parallel_devices: list[torch.device] | None = None,
-        checkpoint_io: Any = None,
-        precision: XLAPrecision | None = None,
-        debug: bool = False,
-        sync_module_states: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        check_arguments("XLAStrategy", debug, sync_module_states, **kwargs)
-        super().__init__(accelerator, parallel_devices, checkpoint_io, precision, sync_module_states=sync_module_states)
-        self.debug = debug
+    precision_keyword = "precision"
 
 
 class SingleDeviceXLAStrategy(
-    OneDeviceMixin, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy
+    SingleDeviceXLABody, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy
 ):
     """Fabric on one XLA device; ``device`` is an index (None: the first)."""
 
-    def __init__(
-        self,
-        device: int | torch.device | None = None,
-        accelerator: Any = None,
-        checkpoint_io: Any = None,
-        precision: XLAPrecision | None = None,
-        debug: bool = False,
-    ) -> None:
-        check_arguments("SingleDeviceXLAStrategy", debug)
-        SingleDeviceStrategy.__init__(self, self._placeholder_device(device), accelerator, checkpoint_io, precision)
-        self.debug = debug
+    def _init_lightning_base(self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Any) -> None:
+        SingleDeviceStrategy.__init__(self, device, accelerator, checkpoint_io, precision)
 
 
 class XLAFSDPStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAFSDPStrategy):

@@ -23,16 +23,16 @@ from lightning.pytorch.strategies.single_xla import (
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
+from lightning_strategies import rename_parameter
 from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_xla.body import (
     DEBUG_LEVEL,
     DEBUG_VARIABLE,
     DebugSwitchMixin,
-    LaunchedDeviceMixin,
-    OneDeviceMixin,
     OneFileCheckpointsMixin,
-    check_arguments,
+    SingleDeviceXLABody,
+    XLABody,
 )
 from lightning_strategies_xla.dtypes import forget_stock_environment
 from lightning_strategies_xla.precision import XLAPrecision
@@ -73,7 +73,7 @@ class _CurrentXLAMixin(OneFileCheckpointsMixin, DebugSwitchMixin, OwnPrecisionMi
         return checkpoint
 
 
-class XLAStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAStrategy):
+class XLAStrategy(XLABody, _CurrentXLAMixin, LightningXLAStrategy):
     """Data parallel over every XLA device of the host (and of the slice), one process per device.
 
     Args:
@@ -82,29 +82,12 @@ class XLAStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAStrategy):
     """
 
     strategy_name = "xla"
-
-    def __init__(
-        self,
-        accelerator: Any = None,
-        parallel_devices: list[torch.device] | None = None,
-        checkpoint_io: Any = None,
-        precision_plugin: XLAPrecision | None = None,
-        debug: bool = False,
-        sync_module_states: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        check_arguments("XLAStrategy", debug, sync_module_states, **kwargs)
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            debug=debug,
-            sync_module_states=sync_module_states,
-        )
+    # Lightning's Trainer strategies take the precision plugin as ``precision_plugin``: the body's constructor so named.
+    __init__ = rename_parameter(XLABody.__init__, "precision", "precision_plugin")
+    precision_keyword = "precision_plugin"
 
 
-class SingleDeviceXLAStrategy(OneDeviceMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
+class SingleDeviceXLAStrategy(SingleDeviceXLABody, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy):
     """One XLA device in the Trainer's own process (a TPU core, or PJRT's CPU device).
 
     Args:
@@ -113,20 +96,11 @@ class SingleDeviceXLAStrategy(OneDeviceMixin, _CurrentXLAMixin, LightningSingleD
     """
 
     strategy_name = "single_xla"
+    __init__ = rename_parameter(SingleDeviceXLABody.__init__, "precision", "precision_plugin")
 
-    def __init__(
-        self,
-        device: int | torch.device | None = None,
-        accelerator: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: XLAPrecision | None = None,
-        debug: bool = False,
-    ) -> None:
-        check_arguments("SingleDeviceXLAStrategy", debug)
-        placeholder = self._placeholder_device(device)
-        SingleDeviceStrategy.__init__(self, placeholder, accelerator, checkpoint_io, precision_plugin=precision_plugin)
-        self._own_precision_given = precision_plugin is not None
-        self.debug = debug
+    def _init_lightning_base(self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Any) -> None:
+        SingleDeviceStrategy.__init__(self, device, accelerator, checkpoint_io, precision_plugin=precision)
+        self._own_precision_given = precision is not None  # what OwnPrecisionMixin's constructor, skipped, would set
 
 
 class XLAFSDPStrategy:
