@@ -123,3 +123,34 @@ def test_fabric_connector_precision_branch_gives_our_plugin() -> None:
         fabric = Fabric(strategy=DeepSpeedFabricStrategy(), accelerator="cpu", devices=1, precision="16-mixed")
     assert type(fabric.strategy.precision) is DeepSpeedFabricPrecision
     assert fabric.strategy.precision.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("flag", ["32-true", "16-true", "bf16-true", "bf16-mixed"])
+def test_throughput_monitor_reads_the_compute_dtype_as_for_lightnings_deepspeed(flag: str) -> None:
+    """callbacks/throughput_monitor.py and fabric/utilities/throughput.py check for Lightning's DeepSpeedPrecision
+    to find the dtype whose peak FLOPs a ThroughputMonitor divides by; ours was counted as float32 at every
+    precision, so its MFU on a GPU was measured against the wrong peak."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import DeepSpeedPrecision as LightningFabricDeepSpeedPrecision
+    from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype as fabric_compute_dtype
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+    from lightning.pytorch.plugins.precision import DeepSpeedPrecision as LightningDeepSpeedPrecision
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    expected = _plugin_to_compute_dtype(LightningDeepSpeedPrecision(flag))
+    assert expected == fabric_compute_dtype(LightningFabricDeepSpeedPrecision(flag))
+    assert _plugin_to_compute_dtype(_trainer(precision=flag).precision_plugin) == expected
+    fabric = Fabric(strategy=DeepSpeedFabricStrategy(), accelerator="cpu", devices=1, precision=flag)
+    assert fabric_compute_dtype(fabric.strategy.precision) == expected
+
+
+def test_fabric_init_module_creates_parameters_in_the_true_precision_as_lightnings_does() -> None:
+    """What our Fabric plugin now inherits from Lightning's DeepSpeedPrecision: ``*-true`` creates tensors in
+    that dtype under fabric.init_module(), as the Trainer plugin already did."""
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricPrecision
+
+    with DeepSpeedFabricPrecision("bf16-true").module_init_context():
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.bfloat16
+    with DeepSpeedFabricPrecision("bf16-mixed").module_init_context():
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float32
