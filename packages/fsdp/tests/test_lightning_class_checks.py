@@ -103,3 +103,25 @@ def test_servable_module_validator_refuses_fsdp() -> None:
     validator = ServableModuleValidator.__new__(ServableModuleValidator)  # its constructor only asks for fastapi
     with pytest.raises(Exception, match="FSDP2Strategy used by the trainer isn't supported"):
         validator.on_train_start(_trainer(), BoringModel())
+
+
+@pytest.mark.parametrize("flag", ["32-true", "16-true", "bf16-true", "bf16-mixed"])
+def test_throughput_monitor_reads_the_compute_dtype_lightnings_fsdp_plugin_gives(flag: str) -> None:
+    """callbacks/throughput_monitor.py and fabric/utilities/throughput.py check for Lightning's FSDPPrecision
+    and read its reduce dtype; our plugins are not FSDPPrecision, so the monitor reads them by their generic
+    class, which must name the same dtype (the one whose peak FLOPs MFU is measured against)."""
+    import warnings
+
+    from lightning.fabric import Fabric
+    from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype as fabric_compute_dtype
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FSDP1's plugin warns that "*-true" computes in lower precision
+        expected = _plugin_to_compute_dtype(FSDPPrecision(flag))  # type: ignore[arg-type]
+        fabric = Fabric(strategy=FSDP2FabricStrategy(), accelerator="cpu", devices=1, precision=flag)
+    assert _plugin_to_compute_dtype(_trainer(precision=flag).precision_plugin) == expected
+    assert fabric_compute_dtype(fabric.strategy.precision) == expected
