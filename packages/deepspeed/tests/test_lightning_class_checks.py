@@ -154,3 +154,23 @@ def test_fabric_init_module_creates_parameters_in_the_true_precision_as_lightnin
         assert torch.nn.Linear(2, 2).weight.dtype == torch.bfloat16
     with DeepSpeedFabricPrecision("bf16-mixed").module_init_context():
         assert torch.nn.Linear(2, 2).weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("given", ["deepspeed", "deepspeed_stage_3", "instance"])
+def test_mps_refuses_deepspeed_as_lightnings(given: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerator_connector.py and fabric/connector.py ``_check_config_and_set_final_flags``: where MPS is
+    available, a strategy named "deepspeed..." or of the DDP family is refused before it is built."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.accelerators.mps import MPSAccelerator as FabricMPSAccelerator
+    from lightning.pytorch.accelerators import MPSAccelerator
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    for accelerator_class in (MPSAccelerator, FabricMPSAccelerator):
+        monkeypatch.setattr(accelerator_class, "is_available", staticmethod(lambda: True))
+    trainer_strategy = DeepSpeedStrategy() if given == "instance" else given
+    fabric_strategy = DeepSpeedFabricStrategy() if given == "instance" else given
+    with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
+        Trainer(strategy=trainer_strategy, accelerator="mps", devices=1)
+    with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
+        Fabric(strategy=fabric_strategy, accelerator="mps", devices=1)

@@ -125,3 +125,25 @@ def test_throughput_monitor_reads_the_compute_dtype_lightnings_fsdp_plugin_gives
         fabric = Fabric(strategy=FSDP2FabricStrategy(), accelerator="cpu", devices=1, precision=flag)
     assert _plugin_to_compute_dtype(_trainer(precision=flag).precision_plugin) == expected
     assert fabric_compute_dtype(fabric.strategy.precision) == expected
+
+
+@pytest.mark.parametrize("given", ["fsdp", "fsdp_shard_grad_op", "instance"])
+def test_mps_is_refused_as_with_lightnings_fsdp(given: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerator_connector.py ``_check_strategy_and_fallback`` refuses Lightning's FSDP off CUDA, and both
+    connectors' ``_check_config_and_set_final_flags`` refuse parallel strategies where MPS is available; core
+    lifts the first for our names on CPU, so on MPS ours must still be refused (the names by their registered
+    accelerators, an instance as a ParallelStrategy)."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.accelerators.mps import MPSAccelerator as FabricMPSAccelerator
+    from lightning.pytorch.accelerators import MPSAccelerator
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    for accelerator_class in (MPSAccelerator, FabricMPSAccelerator):
+        monkeypatch.setattr(accelerator_class, "is_available", staticmethod(lambda: True))
+    trainer_strategy = FSDP2Strategy() if given == "instance" else given
+    fabric_strategy = FSDP2FabricStrategy() if given == "instance" else given
+    with pytest.raises(ValueError, match="(?i)mps"):
+        Trainer(strategy=trainer_strategy, accelerator="mps", devices=1)
+    with pytest.raises(ValueError, match="MPS"):
+        Fabric(strategy=fabric_strategy, accelerator="mps", devices=1)
