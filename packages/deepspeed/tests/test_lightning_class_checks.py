@@ -78,6 +78,18 @@ def test_fabric_setup_optimizers_alone_is_refused(checks: dict[str, Any]) -> Non
     assert error.startswith("RuntimeError: The `DeepSpeedFabricStrategy` requires the model and optimizer(s)")
 
 
+def test_fabric_sharded_model_partitions_under_zero_3(checks: dict[str, Any]) -> None:
+    """fabric.py sharded_model: for a strategy that is a ``_Sharded`` (Lightning's DeepSpeed is), the deprecated
+    context enters the strategy's module_sharded_context; ours, registered under Lightning's class, is one, and
+    under ZeRO-3 the layer is created already partitioned."""
+    from lightning.fabric.strategies.strategy import _Sharded
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    assert isinstance(DeepSpeedFabricStrategy(), _Sharded)
+    assert checks["fabric_sharded_model_zero_3"]["value"] == {"partitioned": True, "local_numel": 0}
+
+
 def test_compiled_model_is_refused_as_with_lightnings_deepspeed() -> None:
     """utilities/compile.py: DeepSpeed wraps the module in its engine; Lightning refuses compiled models there.
     Ours, built on DDPStrategy, passed that check before."""

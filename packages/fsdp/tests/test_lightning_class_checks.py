@@ -143,7 +143,20 @@ def test_mps_is_refused_as_with_lightnings_fsdp(given: str, monkeypatch: pytest.
         monkeypatch.setattr(accelerator_class, "is_available", staticmethod(lambda: True))
     trainer_strategy = FSDP2Strategy() if given == "instance" else given
     fabric_strategy = FSDP2FabricStrategy() if given == "instance" else given
-    with pytest.raises(ValueError, match="(?i)mps"):
+    with pytest.raises(ValueError, match=r"(?i)mps"):
         Trainer(strategy=trainer_strategy, accelerator="mps", devices=1)
     with pytest.raises(ValueError, match="MPS"):
         Fabric(strategy=fabric_strategy, accelerator="mps", devices=1)
+
+
+def test_fabric_sharded_model_is_no_fsdp1_wrapping_context() -> None:
+    """fabric.py sharded_model (deprecated): for a ``_Sharded`` strategy it enters module_sharded_context, which
+    for Lightning's FSDP is FSDP1's ``enable_wrap``. FSDP2 has no such context (an intended difference,
+    docs/lightning-compatibility.md): ours is no ``_Sharded``, so the context is empty and models are sharded
+    by fabric.setup, as with fabric.init_module."""
+    from lightning.fabric.strategies.strategy import _Sharded
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    assert not isinstance(FSDP2FabricStrategy(), _Sharded)
+    assert not hasattr(FSDP2FabricStrategy(), "module_sharded_context")
