@@ -186,3 +186,20 @@ def test_mps_refuses_deepspeed_as_lightnings(given: str, monkeypatch: pytest.Mon
         Trainer(strategy=trainer_strategy, accelerator="mps", devices=1)
     with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
         Fabric(strategy=fabric_strategy, accelerator="mps", devices=1)
+
+
+def test_base_class_checks_see_the_bases_of_lightnings_deepspeed() -> None:
+    """Lightning also checks base classes: ParallelStrategy in trainer.py, loops/utilities.py and both connectors'
+    MPS refusal; DDPStrategy in utilities/compile.py; SingleDeviceStrategy and DataParallelStrategy in fabric.py.
+    Ours answer each as Lightning's DeepSpeed does."""
+    from lightning.fabric import strategies as fabric_strategies
+    from lightning.pytorch import strategies as trainer_strategies
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    for ours, theirs, module in (
+        (DeepSpeedStrategy, trainer_strategies.DeepSpeedStrategy, trainer_strategies),
+        (DeepSpeedFabricStrategy, fabric_strategies.DeepSpeedStrategy, fabric_strategies),
+    ):
+        for base in (module.ParallelStrategy, module.DDPStrategy, module.SingleDeviceStrategy, module.Strategy):
+            assert issubclass(ours, base) == issubclass(theirs, base), (ours, base)

@@ -160,3 +160,22 @@ def test_fabric_sharded_model_is_no_fsdp1_wrapping_context() -> None:
 
     assert not isinstance(FSDP2FabricStrategy(), _Sharded)
     assert not hasattr(FSDP2FabricStrategy(), "module_sharded_context")
+
+
+def test_base_class_checks_see_the_bases_of_lightnings_fsdp() -> None:
+    """Lightning also checks base classes: ParallelStrategy in trainer.py (barrier and broadcast of the run's
+    paths), loops/utilities.py and both connectors' MPS refusal; SingleDeviceStrategy and DataParallelStrategy in
+    fabric.py (no launch needed, no_backward_sync). Ours answer each as Lightning's FSDP does, save Fabric's
+    ``_Sharded`` (test_fabric_sharded_model_is_no_fsdp1_wrapping_context)."""
+    from lightning.fabric import strategies as fabric_strategies
+    from lightning.pytorch import strategies as trainer_strategies
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    for ours, theirs, module in (
+        (FSDP2Strategy, trainer_strategies.FSDPStrategy, trainer_strategies),
+        (FSDP2FabricStrategy, fabric_strategies.FSDPStrategy, fabric_strategies),
+    ):
+        for base in (module.ParallelStrategy, module.DDPStrategy, module.SingleDeviceStrategy, module.Strategy):
+            assert issubclass(ours, base) == issubclass(theirs, base), (ours, base)
+    assert not issubclass(FSDP2FabricStrategy, fabric_strategies.DataParallelStrategy)
