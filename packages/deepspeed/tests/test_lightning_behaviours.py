@@ -168,6 +168,17 @@ def test_trainer_load_of_a_folder_without_a_checkpoint_is_a_file_not_found_error
         DeepSpeedStrategy().load_checkpoint(tmp_path / "checkpoint")
 
 
+def test_trainer_load_of_a_single_file_or_a_missing_path_is_a_file_not_found_error(tmp_path: Path) -> None:
+    """pytorch::test_deepspeed_load_checkpoint_validate_path: Lightning's strategy raises FileNotFoundError for any
+    path that is no DeepSpeed checkpoint directory; ours for a checkpoint file of another strategy, and for a
+    path that does not exist, too (its own message kept)."""
+    torch.save({"state_dict": {}}, tmp_path / "ddp.ckpt")
+    with pytest.raises(FileNotFoundError, match=r"is a single torch\.save checkpoint file"):
+        DeepSpeedStrategy().load_checkpoint(tmp_path / "ddp.ckpt")
+    with pytest.raises(FileNotFoundError, match="No checkpoint at"):
+        DeepSpeedStrategy().load_checkpoint(tmp_path / "missing")
+
+
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_fabric_loads_plain_state_dicts_into_a_module_and_an_optimizer(stage: int, tmp_path: Path) -> None:
     """fabric::test_deepspeed_load_checkpoint_raw_state_dict"""
