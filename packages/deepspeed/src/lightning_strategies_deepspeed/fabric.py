@@ -41,7 +41,7 @@ class DeepSpeedFabricPrecision(LightningFabricDeepSpeedPrecision):
 
     def __init__(self, precision: str = "32-true") -> None:
         checked = check_choice("DeepSpeedFabricPrecision", "precision", str(precision), tuple(DTYPES))
-        super().__init__(checked)  # type: ignore[arg-type]
+        super().__init__(checked)
         self.dtype = DTYPES[self.precision]
 
     def convert_module(self, module: Module) -> Module:

@@ -26,7 +26,7 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
 
     def __init__(self, precision: str = "32-true") -> None:
         checked = check_choice("DeepSpeedPrecision", "precision", str(precision), tuple(DTYPES))
-        super().__init__(checked)  # type: ignore[arg-type]
+        super().__init__(checked)
         self.dtype = DTYPES[self.precision]
         self._in_optimizer_step = False
 
