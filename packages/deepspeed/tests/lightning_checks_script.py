@@ -82,6 +82,18 @@ def fabric_setup_optimizers_alone() -> None:
     fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
 
 
+def fabric_sharded_model_under_zero_3() -> dict[str, Any]:
+    import warnings
+
+    fabric = Fabric(strategy=DeepSpeedFabricStrategy(stage=3), accelerator="cpu", devices=1)
+    fabric.launch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Fabric's deprecation of sharded_model() in favour of init_module()
+        with fabric.sharded_model():  # Fabric's _Sharded branch: the strategy's module_sharded_context
+            model = torch.nn.Linear(4, 3)
+    return {"partitioned": hasattr(model.weight, "ds_numel"), "local_numel": model.weight.numel()}
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "summary_zero_3": summary_of_zero_3,
     "stochastic_weight_averaging": lambda: fit(StochasticWeightAveraging(swa_lrs=0.1, swa_epoch_start=1)),
@@ -89,6 +101,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "accumulation_scheduler": lambda: fit(GradientAccumulationScheduler(scheduling={1: 2})),
     "fabric_backward_two_models": fabric_backward_with_two_models,
     "fabric_setup_optimizers": fabric_setup_optimizers_alone,
+    "fabric_sharded_model_zero_3": fabric_sharded_model_under_zero_3,
 }
 
 

@@ -77,6 +77,26 @@ def test_defaults_build_a_zero_config(strategy_class: type, monkeypatch: pytest.
 
 
 @BOTH
+def test_loss_scaling_arguments_are_attributes_as_on_lightnings(strategy_class: type) -> None:
+    """Lightning's DeepSpeed strategies keep their fp16 loss-scaling arguments as public attributes, read when the
+    config is completed at set-up (so a value set before fit counts), and name the config-path variable in
+    DEEPSPEED_ENV_VAR. Ours had none of them."""
+    given = {"loss_scale": 128, "initial_scale_power": 8, "loss_scale_window": 500, "hysteresis": 3}
+    given["min_loss_scale"] = 2
+    strategy = strategy_class(**given)
+    assert {name: getattr(strategy, name) for name in given} == given
+    for lightnings in (LightningDeepSpeedStrategy, LightningFabricDeepSpeedStrategy):
+        assert strategy_class.DEEPSPEED_ENV_VAR == lightnings.DEEPSPEED_ENV_VAR
+    strategy.loss_scale = 64
+    config: dict[str, Any] = {}
+    settings.add_precision(config, "16-mixed", strategy.parameters)  # what set-up does with them
+    assert config["fp16"]["loss_scale"] == 64 and config["fp16"]["loss_scale_window"] == 500
+    with pytest.raises(ValueError, match="must be 0 or more"):
+        strategy.loss_scale = -1
+    assert strategy.loss_scale == 64
+
+
+@BOTH
 def test_activation_checkpointing_parameters_reach_the_config(strategy_class: type) -> None:
     """pytorch:: and fabric::test_deepspeed_custom_activation_checkpointing_params"""
     names = ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization")
@@ -167,6 +187,17 @@ def test_trainer_load_of_a_folder_without_a_checkpoint_is_a_file_not_found_error
     (tmp_path / "checkpoint").mkdir()  # Lightning's case: the tag folder, here without the engine's files
     with pytest.raises(FileNotFoundError, match="DeepSpeedStrategy reads a DeepSpeed checkpoint directory"):
         DeepSpeedStrategy().load_checkpoint(tmp_path / "checkpoint")
+
+
+def test_trainer_load_of_a_single_file_or_a_missing_path_is_a_file_not_found_error(tmp_path: Path) -> None:
+    """pytorch::test_deepspeed_load_checkpoint_validate_path: Lightning's strategy raises FileNotFoundError for any
+    path that is no DeepSpeed checkpoint directory; ours for a checkpoint file of another strategy, and for a
+    path that does not exist, too (its own message kept)."""
+    torch.save({"state_dict": {}}, tmp_path / "ddp.ckpt")
+    with pytest.raises(FileNotFoundError, match=r"is a single torch\.save checkpoint file"):
+        DeepSpeedStrategy().load_checkpoint(tmp_path / "ddp.ckpt")
+    with pytest.raises(FileNotFoundError, match="No checkpoint at"):
+        DeepSpeedStrategy().load_checkpoint(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

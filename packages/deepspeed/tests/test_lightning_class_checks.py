@@ -78,6 +78,18 @@ def test_fabric_setup_optimizers_alone_is_refused(checks: dict[str, Any]) -> Non
     assert error.startswith("RuntimeError: The `DeepSpeedFabricStrategy` requires the model and optimizer(s)")
 
 
+def test_fabric_sharded_model_partitions_under_zero_3(checks: dict[str, Any]) -> None:
+    """fabric.py sharded_model: for a strategy that is a ``_Sharded`` (Lightning's DeepSpeed is), the deprecated
+    context enters the strategy's module_sharded_context; ours, registered under Lightning's class, is one, and
+    under ZeRO-3 the layer is created already partitioned."""
+    from lightning.fabric.strategies.strategy import _Sharded
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    assert isinstance(DeepSpeedFabricStrategy(), _Sharded)
+    assert checks["fabric_sharded_model_zero_3"]["value"] == {"partitioned": True, "local_numel": 0}
+
+
 def test_compiled_model_is_refused_as_with_lightnings_deepspeed() -> None:
     """utilities/compile.py: DeepSpeed wraps the module in its engine; Lightning refuses compiled models there.
     Ours, built on DDPStrategy, passed that check before."""
@@ -123,3 +135,71 @@ def test_fabric_connector_precision_branch_gives_our_plugin() -> None:
         fabric = Fabric(strategy=DeepSpeedFabricStrategy(), accelerator="cpu", devices=1, precision="16-mixed")
     assert type(fabric.strategy.precision) is DeepSpeedFabricPrecision
     assert fabric.strategy.precision.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("flag", ["32-true", "16-true", "bf16-true", "bf16-mixed"])
+def test_throughput_monitor_reads_the_compute_dtype_as_for_lightnings_deepspeed(flag: str) -> None:
+    """callbacks/throughput_monitor.py and fabric/utilities/throughput.py check for Lightning's DeepSpeedPrecision
+    to find the dtype whose peak FLOPs a ThroughputMonitor divides by; ours was counted as float32 at every
+    precision, so its MFU on a GPU was measured against the wrong peak."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import DeepSpeedPrecision as LightningFabricDeepSpeedPrecision
+    from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype as fabric_compute_dtype
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+    from lightning.pytorch.plugins.precision import DeepSpeedPrecision as LightningDeepSpeedPrecision
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    expected = _plugin_to_compute_dtype(LightningDeepSpeedPrecision(flag))
+    assert expected == fabric_compute_dtype(LightningFabricDeepSpeedPrecision(flag))
+    assert _plugin_to_compute_dtype(_trainer(precision=flag).precision_plugin) == expected
+    fabric = Fabric(strategy=DeepSpeedFabricStrategy(), accelerator="cpu", devices=1, precision=flag)
+    assert fabric_compute_dtype(fabric.strategy.precision) == expected
+
+
+def test_fabric_init_module_creates_parameters_in_the_true_precision_as_lightnings_does() -> None:
+    """What our Fabric plugin now inherits from Lightning's DeepSpeedPrecision: ``*-true`` creates tensors in
+    that dtype under fabric.init_module(), as the Trainer plugin already did."""
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricPrecision
+
+    with DeepSpeedFabricPrecision("bf16-true").module_init_context():
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.bfloat16
+    with DeepSpeedFabricPrecision("bf16-mixed").module_init_context():
+        assert torch.nn.Linear(2, 2).weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("given", ["deepspeed", "deepspeed_stage_3", "instance"])
+def test_mps_refuses_deepspeed_as_lightnings(given: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerator_connector.py and fabric/connector.py ``_check_config_and_set_final_flags``: where MPS is
+    available, a strategy named "deepspeed..." or of the DDP family is refused before it is built."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.accelerators.mps import MPSAccelerator as FabricMPSAccelerator
+    from lightning.pytorch.accelerators import MPSAccelerator
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    for accelerator_class in (MPSAccelerator, FabricMPSAccelerator):
+        monkeypatch.setattr(accelerator_class, "is_available", staticmethod(lambda: True))
+    trainer_strategy = DeepSpeedStrategy() if given == "instance" else given
+    fabric_strategy = DeepSpeedFabricStrategy() if given == "instance" else given
+    with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
+        Trainer(strategy=trainer_strategy, accelerator="mps", devices=1)
+    with pytest.raises(ValueError, match="not supported on the MPS accelerator"):
+        Fabric(strategy=fabric_strategy, accelerator="mps", devices=1)
+
+
+def test_base_class_checks_see_the_bases_of_lightnings_deepspeed() -> None:
+    """Lightning also checks base classes: ParallelStrategy in trainer.py, loops/utilities.py and both connectors'
+    MPS refusal; DDPStrategy in utilities/compile.py; SingleDeviceStrategy and DataParallelStrategy in fabric.py.
+    Ours answer each as Lightning's DeepSpeed does."""
+    from lightning.fabric import strategies as fabric_strategies
+    from lightning.pytorch import strategies as trainer_strategies
+
+    from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
+
+    for ours, theirs, module in (
+        (DeepSpeedStrategy, trainer_strategies.DeepSpeedStrategy, trainer_strategies),
+        (DeepSpeedFabricStrategy, fabric_strategies.DeepSpeedStrategy, fabric_strategies),
+    ):
+        for base in (module.ParallelStrategy, module.DDPStrategy, module.SingleDeviceStrategy, module.Strategy):
+            assert issubclass(ours, base) == issubclass(theirs, base), (ours, base)

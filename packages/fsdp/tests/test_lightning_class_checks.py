@@ -103,3 +103,79 @@ def test_servable_module_validator_refuses_fsdp() -> None:
     validator = ServableModuleValidator.__new__(ServableModuleValidator)  # its constructor only asks for fastapi
     with pytest.raises(Exception, match="FSDP2Strategy used by the trainer isn't supported"):
         validator.on_train_start(_trainer(), BoringModel())
+
+
+@pytest.mark.parametrize("flag", ["32-true", "16-true", "bf16-true", "bf16-mixed"])
+def test_throughput_monitor_reads_the_compute_dtype_lightnings_fsdp_plugin_gives(flag: str) -> None:
+    """callbacks/throughput_monitor.py and fabric/utilities/throughput.py check for Lightning's FSDPPrecision
+    and read its reduce dtype; our plugins are not FSDPPrecision, so the monitor reads them by their generic
+    class, which must name the same dtype (the one whose peak FLOPs MFU is measured against)."""
+    import warnings
+
+    from lightning.fabric import Fabric
+    from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype as fabric_compute_dtype
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # FSDP1's plugin warns that "*-true" computes in lower precision
+        expected = _plugin_to_compute_dtype(FSDPPrecision(flag))  # type: ignore[arg-type]
+        fabric = Fabric(strategy=FSDP2FabricStrategy(), accelerator="cpu", devices=1, precision=flag)
+    assert _plugin_to_compute_dtype(_trainer(precision=flag).precision_plugin) == expected
+    assert fabric_compute_dtype(fabric.strategy.precision) == expected
+
+
+@pytest.mark.parametrize("given", ["fsdp", "fsdp_shard_grad_op", "instance"])
+def test_mps_is_refused_as_with_lightnings_fsdp(given: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """accelerator_connector.py ``_check_strategy_and_fallback`` refuses Lightning's FSDP off CUDA, and both
+    connectors' ``_check_config_and_set_final_flags`` refuse parallel strategies where MPS is available; core
+    lifts the first for our names on CPU, so on MPS ours must still be refused (the names by their registered
+    accelerators, an instance as a ParallelStrategy)."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.accelerators.mps import MPSAccelerator as FabricMPSAccelerator
+    from lightning.pytorch.accelerators import MPSAccelerator
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    for accelerator_class in (MPSAccelerator, FabricMPSAccelerator):
+        monkeypatch.setattr(accelerator_class, "is_available", staticmethod(lambda: True))
+    trainer_strategy = FSDP2Strategy() if given == "instance" else given
+    fabric_strategy = FSDP2FabricStrategy() if given == "instance" else given
+    with pytest.raises(ValueError, match=r"(?i)mps"):
+        Trainer(strategy=trainer_strategy, accelerator="mps", devices=1)
+    with pytest.raises(ValueError, match="MPS"):
+        Fabric(strategy=fabric_strategy, accelerator="mps", devices=1)
+
+
+def test_fabric_sharded_model_is_no_fsdp1_wrapping_context() -> None:
+    """fabric.py sharded_model (deprecated): for a ``_Sharded`` strategy it enters module_sharded_context, which
+    for Lightning's FSDP is FSDP1's ``enable_wrap``. FSDP2 has no such context (an intended difference,
+    docs/lightning-compatibility.md): ours is no ``_Sharded``, so the context is empty and models are sharded
+    by fabric.setup, as with fabric.init_module."""
+    from lightning.fabric.strategies.strategy import _Sharded
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    assert not isinstance(FSDP2FabricStrategy(), _Sharded)
+    assert not hasattr(FSDP2FabricStrategy(), "module_sharded_context")
+
+
+def test_base_class_checks_see_the_bases_of_lightnings_fsdp() -> None:
+    """Lightning also checks base classes: ParallelStrategy in trainer.py (barrier and broadcast of the run's
+    paths), loops/utilities.py and both connectors' MPS refusal; SingleDeviceStrategy and DataParallelStrategy in
+    fabric.py (no launch needed, no_backward_sync). Ours answer each as Lightning's FSDP does, save Fabric's
+    ``_Sharded`` (test_fabric_sharded_model_is_no_fsdp1_wrapping_context)."""
+    from lightning.fabric import strategies as fabric_strategies
+    from lightning.pytorch import strategies as trainer_strategies
+
+    from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
+
+    for ours, theirs, module in (
+        (FSDP2Strategy, trainer_strategies.FSDPStrategy, trainer_strategies),
+        (FSDP2FabricStrategy, fabric_strategies.FSDPStrategy, fabric_strategies),
+    ):
+        for base in (module.ParallelStrategy, module.DDPStrategy, module.SingleDeviceStrategy, module.Strategy):
+            assert issubclass(ours, base) == issubclass(theirs, base), (ours, base)
+    assert not issubclass(FSDP2FabricStrategy, fabric_strategies.DataParallelStrategy)

@@ -50,7 +50,32 @@ def _class(path: str) -> type:
             "lightning.pytorch.accelerators.XLAAccelerator",
             "evaluation loops under no_grad on XLA; the Trainer connector's strategy pairing",
         ),
+        (
+            "lightning_strategies_xla.precision.XLAPrecision",
+            "lightning.pytorch.plugins.precision.XLAPrecision",
+            "ThroughputMonitor's compute dtype (callbacks/throughput_monitor.py)",
+        ),
+        (
+            "lightning_strategies_xla.fabric.XLAPrecision",
+            "lightning.fabric.plugins.precision.XLAPrecision",
+            "Fabric's ThroughputMonitor compute dtype (fabric/utilities/throughput.py)",
+        ),
     ],
 )
 def test_lightnings_xla_checks_see_ours_as_theirs(ours: str, lightnings: str, places: str) -> None:
     assert issubclass(_class(ours), _class(lightnings)), f"{ours} must pass Lightning's checks in: {places}"
+
+
+@pytest.mark.parametrize(("flag", "dtype"), [("32-true", "float32"), ("bf16-true", "bfloat16"), ("16-true", "float16")])
+def test_throughput_monitor_reads_the_compute_dtype_of_our_plugins(flag: str, dtype: str) -> None:
+    """ThroughputMonitor reads ``_desired_dtype`` from Lightning's XLAPrecision, whose constructor ours does not
+    call (it sets XLA_USE_BF16): ours must set it, or the monitor fails with an AttributeError."""
+    pytest.importorskip("torch_xla", reason="our XLA precision plugins are built only where torch_xla is installed")
+    import torch
+    from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype as fabric_compute_dtype
+    from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+
+    from lightning_strategies_xla import fabric, precision
+
+    assert _plugin_to_compute_dtype(precision.XLAPrecision(flag)) == getattr(torch, dtype)
+    assert fabric_compute_dtype(fabric.XLAPrecision(flag)) == getattr(torch, dtype)

@@ -30,6 +30,7 @@ from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
+from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
 
 # The precision flags DeepSpeed trains with, and the dtype each casts inputs (and, for "-true", the module) to.
 DTYPES = {
@@ -73,7 +74,7 @@ class _ParallelStrategy(Protocol):
     def barrier(self, *args: Any, **kwargs: Any) -> None: ...
 
 
-class DeepSpeedBody:
+class DeepSpeedBody(LightningAttributesMixin):
     """The parameters, the config built from them, the engine and its checkpoints, for both entry points."""
 
     parameters: dict[str, Any]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.accelerators import CPUAccelerator
+from lightning.fabric.plugins.precision import DeepSpeedPrecision as LightningFabricDeepSpeedPrecision
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.strategies.ddp import DDPStrategy
 from lightning.fabric.strategies.deepspeed import DeepSpeedStrategy as LightningFabricDeepSpeedStrategy
@@ -29,11 +30,13 @@ from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
 
 
-class DeepSpeedFabricPrecision(Precision):
+# A subclass of Lightning's plugin, as the Trainer's is (precision.py says why).
+class DeepSpeedFabricPrecision(LightningFabricDeepSpeedPrecision):
     """Casts inputs (and, for ``*-true``, the module); the engine does the rest."""
 
     def __init__(self, precision: str = "32-true") -> None:
-        self.precision = check_choice("DeepSpeedFabricPrecision", "precision", str(precision), tuple(DTYPES))
+        checked = check_choice("DeepSpeedFabricPrecision", "precision", str(precision), tuple(DTYPES))
+        super().__init__(checked)
         self.dtype = DTYPES[self.precision]
 
     def convert_module(self, module: Module) -> Module:

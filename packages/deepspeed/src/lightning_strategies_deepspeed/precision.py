@@ -12,18 +12,21 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.types import Steppable
-from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision as LightningDeepSpeedPrecision
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_strategies import check_choice
 from lightning_strategies_deepspeed.body import DTYPES
 
 
-class DeepSpeedPrecision(Precision):
+# Subclassing Lightning's plugin (every method of which is overridden here) lets the places that check for it by
+# class, such as ThroughputMonitor finding the compute dtype, treat ours as theirs.
+class DeepSpeedPrecision(LightningDeepSpeedPrecision):
     """DeepSpeed keeps its own fp32 master weights in fp16/bf16 mode; Lightning only casts inputs."""
 
     def __init__(self, precision: str = "32-true") -> None:
-        self.precision = check_choice("DeepSpeedPrecision", "precision", str(precision), tuple(DTYPES))
+        checked = check_choice("DeepSpeedPrecision", "precision", str(precision), tuple(DTYPES))
+        super().__init__(checked)
         self.dtype = DTYPES[self.precision]
         self._in_optimizer_step = False
 
