@@ -15,8 +15,8 @@
 # summary with medians, spreads and ratios, its markdown table and one log per run are written to
 # $OUT as each run ends, so a call killed at its time limit still returns everything measured.
 #
-# A kernel cache carried as `.kernels/kernels.tar.gz.part-*` (made by tools/gpu/tier.sh) is unpacked
-# first, so DeepSpeed's FusedAdam and ColossalAI's HybridAdam are loaded rather than compiled.
+# A kernel cache carried as `.kernels/kernels.tar.gz.part-*` (made by tools/gpu/tier.sh) is unpacked by
+# tools/gpu/setup.sh, so DeepSpeed's FusedAdam and ColossalAI's HybridAdam are loaded rather than compiled.
 set -uo pipefail
 SECONDS=0  # the call's wall time so far, setup included
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -27,11 +27,6 @@ set +e  # setup.sh sets -e; the harness records failed runs itself
 cd "$repo"
 export PYTHONUNBUFFERED=1
 
-if compgen -G ".kernels/kernels.tar.gz.part-*" >/dev/null; then
-  cat .kernels/kernels.tar.gz.part-* | tar -xzPf - && echo "dropin: unpacked the carried kernel cache"
-  # The objects were built from these exact wheels, which were just installed: mark them current.
-  find /tmp/cache/torch_extensions /tmp/cache/colossalai -exec touch {} + 2>/dev/null
-fi
 
 what=${1:-dropin}
 shift $(( $# > 0 ? 1 : 0 ))

@@ -129,32 +129,40 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of ``root`` and every process below it, now."""
-    total = 0
+def tree_rss(root: int) -> dict[str, int]:
+    """Resident bytes of ``root`` and every process below it, now, by ``pid command``."""
+    found = {}
     for pid in _descendants(root):
         try:
-            with open(f"/proc/{pid}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
         except OSError:
             continue
-    return total
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+        if "VmRSS" in fields:
+            # Anonymous, file-backed, shared and high-water resident kB: which kind of memory the peak is.
+            kinds = "/".join(
+                fields.get(kind, "? kB").split()[0] for kind in ("RssAnon", "RssFile", "RssShmem", "VmHWM")
+            )
+            name = f"{pid} {fields['Name'].strip()} anon/file/shmem/hwm kB {kinds}"
+            found[name] = int(fields["VmRSS"].split()[0]) * 1024
+    return found
 
 
 class TreeSampler(threading.Thread):
-    """The peak of ``tree_rss_bytes`` while a process tree runs."""
+    """The peak of the process tree's summed resident memory while it runs, and who held it then: a
+    compiler or helper process beside the ranks counts too, and must be named to be told apart."""
 
     def __init__(self, root: int, interval: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.root, self.interval, self.peak = root, interval, 0
+        self.at_peak: dict[str, int] = {}
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            self.peak = max(self.peak, tree_rss_bytes(self.root))
+            now = tree_rss(self.root)
+            if sum(now.values()) > self.peak:
+                self.peak, self.at_peak = sum(now.values()), now
             self.stopped.wait(self.interval)
 
     def stop(self) -> int:
@@ -189,6 +197,7 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
                     os.kill(pid, 9)
             output, _ = process.communicate()
         host_peak = sampler.stop()
+        print(json.dumps({"host_peak_by_process_gib": {k: round(v / 2**30, 2) for k, v in sampler.at_peak.items()}}))
         ranks = sorted(Path(scratch).glob("rank-*.json"))
         records = [json.loads(path.read_text()) for path in ranks]
         gpu_peaks = [record["max_memory_allocated"] for record in records]

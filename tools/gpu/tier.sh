@@ -10,9 +10,9 @@
 # killed call still returns them.
 #
 # JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
-# minutes compiling: `.kernels/kernels.tar.gz.part-*` beside the checkout (name `.kernels` in the
-# device tool's carry) is unpacked before the tests, and the cache is packed again into $OUT
-# afterwards, in parts of 15 MiB (the device tool returns files of at most 16 MiB).
+# minutes compiling: setup.sh unpacks `.kernels/kernels.tar.gz.part-*` beside the checkout (name
+# `.kernels` in the device tool's carry), and the cache is packed again into $OUT afterwards, in parts
+# of 15 MiB (the device tool returns files of at most 16 MiB).
 set -uo pipefail
 tier_start=$(date +%s)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -21,14 +21,6 @@ mkdir -p "$out"
 source "$repo/tools/gpu/setup.sh" || exit 1
 set +e  # setup.sh sets -e; every package runs even when one fails
 cd "$repo"
-
-kernels=(/tmp/cache/torch_extensions /tmp/cache/colossalai)
-if compgen -G ".kernels/kernels.tar.gz.part-*" >/dev/null; then
-  cat .kernels/kernels.tar.gz.part-* | tar -xzPf - && echo "tier: unpacked the carried kernel cache"
-  # The wheels were just installed, so their sources are newer than the carried objects; ninja
-  # would rebuild them all. The objects were built from these exact wheels: mark them current.
-  find "${kernels[@]}" -exec touch {} + 2>/dev/null
-fi
 
 packages=("$@")
 [ ${#packages[@]} -gt 0 ] || packages=(fsdp colossalai-gemini deepspeed)
@@ -70,6 +62,6 @@ for item in "${packages[@]}"; do
 done
 echo "tier: whole command in $(( $(date +%s) - tier_start )) s, the wheelhouse install included" | tee -a "$out/summary.txt"
 rm -f "$out"/kernels.tar.gz.part-*
-tar -czPf - "${kernels[@]}" 2>/dev/null | split -b 15m - "$out/kernels.tar.gz.part-"
+tar -czPf - "${kernel_caches[@]}" 2>/dev/null | split -b 15m - "$out/kernels.tar.gz.part-"
 cat "$out/summary.txt"
 exit $status
