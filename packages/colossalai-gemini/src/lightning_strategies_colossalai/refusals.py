@@ -24,7 +24,7 @@ ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optim
 
 # Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
 # loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
-# established (benchmarks/auto_bf16_nan.py narrows it down), so the combination is refused.
+# established (tools/investigations/colossalai_auto_bf16_nan.py narrows it down), so the combination is refused.
 AUTO_BF16_REASON = (
     "ColossalAI 0.5 Gemini with placement 'auto' and bf16 produced a NaN loss at every step on 1.3B and 2.7B "
     "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this "
