@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 from conftest import clean_environment
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
-from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes
+from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.memory import ZeroSetting, candidates, choose_offload_ratio, predict
 
@@ -21,9 +22,11 @@ ISSUE_MACHINE = Machine(gpus=1, gpu_memory_bytes=139 * GIB, host_memory_bytes=12
 
 
 def _states_on_gpu(workload: Workload, gpus: int, setting: ZeroSetting) -> float:
-    """The GPU peak without what does not depend on partitioning: buffers at zero size, no activations."""
+    """The GPU peak without what does not depend on partitioning: buffers at zero size, one token's activations
+    (so that the optimizer step, not backward's start, holds the peak where the two differ)."""
     buffers = {"reduce_bucket_size": 1, "allgather_bucket_size": 1, "overlap_comm": False, "sub_group_size": 1}
-    return predict(workload, gpus, setting, buffers).gpu_bytes - activation_bytes(workload)
+    one_token = dataclasses.replace(workload, sequence_length=1, micro_batch=1)
+    return predict(one_token, gpus, setting, buffers).gpu_bytes - activation_bytes(one_token)
 
 
 def test_model_states_are_sixteen_bytes_per_parameter_partitioned_by_stage():
@@ -48,10 +51,10 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     assert none.gpu_bytes > half.gpu_bytes > full.gpu_bytes
     assert none.host_bytes < half.host_bytes < full.host_bytes
     assert 0 == none.offloaded_fraction < half.offloaded_fraction < full.offloaded_fraction
-    # Half the optimizer side (master + moments, 12 bytes), of the bf16 gradients (2) and of the fp32 gradients
-    # the step works on (4; one sub-group by default) leaves the GPU.
+    # Half the optimizer side (master + moments, 12 bytes) and of the bf16 gradients (2) leaves the GPU. The peak
+    # is backward's start, with the activations alive; the fp32 gradients of the step come after them.
     moved = none.gpu_bytes - half.gpu_bytes
-    assert moved == pytest.approx(0.5 * (12 + 2 + 4) * workload.parameters, rel=0.001)
+    assert moved == pytest.approx(0.5 * (12 + 2) * workload.parameters, rel=0.001)
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
 
@@ -125,3 +128,28 @@ def test_the_offload_ratio_reaches_a_real_zero3_engine_on_cpu(tmp_path):
     assert recorded["partial_offload_path"], "DeepSpeed did not take its partial-offload path"
     assert recorded["sub_groups"] > 1, "one sub-group: DeepSpeed would offload all of it whatever the ratio"
     assert recorded["steps"] == 2
+
+
+def test_without_offload_the_host_peak_is_lightnings_teardown_moving_the_optimizer_to_the_cpu():
+    """After fit, Lightning's Strategy.teardown moves the Adam moments (8 bytes a parameter, over all ranks) and,
+    below ZeRO-3, each rank's 16-bit module to the host; with optimizer offload they are already there."""
+    workload = Workload.build("2.7B")
+    count, base = workload.parameters, predict(workload, 1, ZeroSetting(3, 1.0)).host_bytes
+    for gpus in (1, 2):
+        stage_3 = predict(workload, gpus, ZeroSetting(3)).host_bytes
+        stage_2 = predict(workload, gpus, ZeroSetting(2)).host_bytes
+        assert stage_3 - host_base_bytes(gpus) == pytest.approx(8 * count, rel=0.001)
+        assert stage_2 - stage_3 == pytest.approx(2 * count * gpus, rel=0.001)
+    # Full offload: the host holds the offloaded states all along (optimizer side, fp32 gradients, staging
+    # buffers), with nothing added at teardown.
+    assert base - host_base_bytes(1) == pytest.approx((12 + 4 + 3) * count, rel=0.001)
+
+
+def test_zero_2_fills_its_gradient_partition_while_backward_frees_the_activations():
+    workload = Workload.build("1.3B")
+    count, activations = workload.parameters, activation_bytes(workload)
+    stage_2, stage_3 = (predict(workload, 1, ZeroSetting(stage)).gpu_bytes for stage in (2, 3))
+    # On one GPU both hold 16 bytes of states a parameter. ZeRO-3 allocates its 2-byte gradient partition before
+    # backward, where the activations are alive; ZeRO-2's comes as backward frees them.
+    assert stage_3 > 16 * count + activations
+    assert stage_2 < 16 * count + activations
