@@ -9,7 +9,8 @@ own) and the peak resident memory of the whole process tree (every rank and this
 sampled from /proc every 0.2 s: host memory is one pool for all ranks, which is what the planner
 predicts), next to ``lightning_strategies.planning``'s prediction for the same strategy and settings.
 Writes ``memory-accuracy.json`` and ``memory-accuracy.md`` (the table docs/which-strategy.md keeps).
-Issue 13 asks for 8 configurations within 10% on both peaks. Nothing here has been run on a GPU yet.
+Issue 13 asks for 8 configurations within 10% on both peaks; docs/which-strategy.md keeps the table of the
+last GPU session.
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def test_plan_table_and_exit_status_when_nothing_fits(add_plugin, capsys):
     assert main(["plan", *arguments]) == 1
     output = capsys.readouterr().out
     assert "FITS  STRATEGY" in output and "toy_offload" in output
-    assert "not yet checked against GPU measurements" in output
+    assert "how far they were from GPU measurements" in output
     assert "What would:" in output
 
 

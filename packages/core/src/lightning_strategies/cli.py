@@ -189,7 +189,7 @@ def command_plan(arguments: argparse.Namespace) -> int:
         + (f", NVMe {machine.nvme_bytes / GIB:.0f} GiB" if machine.nvme_bytes else "")
         + detected
     )
-    print("Predictions are estimates, not yet checked against GPU measurements (docs: Which strategy?).\n")
+    print("Predictions are estimates; how far they were from GPU measurements: docs, Which strategy?.\n")
     if result.candidates:
         width = max(len(candidate.strategy) for candidate in result.candidates) + 2
         print(f"{'FITS':<6}{'STRATEGY':<{width}}{'GPU PEAK':>10}{'HOST PEAK':>11}{'OFFLOAD':>9}  SETTINGS")
