@@ -190,6 +190,9 @@ def test_cpu_adam_with_master_weights_on_the_gpu_is_refused_at_setup(tmp_path, n
         # Adam kernel's own beta**t was replayed after loading (checkpoint_state.replay_cpu_adam_kernel).
         ("full", "cpu"),
         ("sharded", "cpu"),
+        # Placement auto decides per chunk at run time from the memory the first step traced (16-mixed only).
+        ("full", "auto"),
+        ("sharded", "auto"),
     ],
 )
 def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type, placement):
@@ -203,7 +206,7 @@ def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict
         strategy = (
             offloading_strategy(state_dict_type=state_dict_type)
             if placement == "cpu"
-            else ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type)
+            else ColossalAIStrategy(placement_policy=placement, state_dict_type=state_dict_type)
         )
         # Runs stop on whole epochs: Lightning restarts a non-resumable dataloader from the epoch's start,
         # so a run stopped mid-epoch would replay batches after the resume.
