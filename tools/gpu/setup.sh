@@ -47,11 +47,17 @@ mkdir -p "$TORCH_EXTENSIONS_DIR" /tmp/cache/colossalai "$HOME/.cache"
 # them: a compile also runs nvcc beside the training and adds its memory to what a benchmark measures.
 kernel_caches=(/tmp/cache/torch_extensions /tmp/cache/colossalai)
 if compgen -G "$repo/.kernels/kernels.tar.gz.part-*" >/dev/null && [ ! -e /tmp/cache/.unpacked-$stamp ]; then
-  cat "$repo"/.kernels/kernels.tar.gz.part-* | tar -xzPf - && echo "setup.sh: unpacked the carried kernel cache"
-  # The wheels were just installed, so their sources are newer than the carried objects; ninja would
-  # rebuild them all. The objects were built from these exact wheels: mark them current.
-  find "${kernel_caches[@]}" -exec touch {} + 2>/dev/null || true
-  touch /tmp/cache/.unpacked-$stamp
+  if cat "$repo"/.kernels/kernels.tar.gz.part-* | tar -xzPf -; then
+    # The wheels were just installed, so their sources are newer than the carried objects; ninja would
+    # rebuild them all. The cache was packed by tier.sh from the same backend wheels: mark it current.
+    find "${kernel_caches[@]}" -exec touch {} + 2>/dev/null || true
+    touch /tmp/cache/.unpacked-$stamp
+    echo "setup.sh: unpacked the carried kernel cache"
+  else
+    # A part missing or cut short: objects half written must not pass for current, so build afresh.
+    echo "setup.sh: the carried kernel cache did not unpack; the kernels will be built on first use" >&2
+    find "${kernel_caches[@]}" -mindepth 1 -delete 2>/dev/null || true
+  fi
 fi
 
 # Versions after an install, and whenever the script is run rather than sourced.

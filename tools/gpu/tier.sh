@@ -5,7 +5,7 @@
 # PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S (420;
 # side by side the slowest package took 304 s), so one hang cannot eat the whole call. A pytest -k
 # expression after a colon runs part of a package's tier, `deepspeed=200:resume or nodes`, to re-check
-# a fix without paying for the rest. A test gets TIER_TEST_TIMEOUT_S (180; pytest-timeout is in the GPU
+# a fix without paying for the rest. A test gets TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU
 # image) and fails with its traceback instead of silencing the tests after it. Logs and a summary go to
 # $OUT as they are written, so a killed call still returns them.
 #
@@ -35,7 +35,7 @@ run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/PACKAGE.log and a
   start=$(date +%s)
   # SIGINT, not TERM: pytest then prints the failures it has seen, which a cut call would lose.
   timeout -s INT -k 30 "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
-    --timeout="${TIER_TEST_TIMEOUT_S:-180}" -p no:cacheprovider ${select:+-k "$select"} >"$out/$package.log" 2>&1
+    --timeout="${TIER_TEST_TIMEOUT_S:-240}" -p no:cacheprovider ${select:+-k "$select"} >"$out/$package.log" 2>&1
   code=$?
   counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$out/$package.log" | tail -1)
   echo "$package: exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" >>"$out/summary.txt"

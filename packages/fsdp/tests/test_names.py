@@ -21,7 +21,7 @@ from lightning_strategies_fsdp.options import ShardingOptions
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
 
 
-def parse_options(**arguments: object) -> ShardingOptions:
+def options_from_constructor(**arguments: object) -> ShardingOptions:
     """The options the strategies' constructor (which holds the defaults) parses from ``arguments``."""
     return FSDP2Strategy(**arguments).options
 
@@ -96,7 +96,7 @@ def test_plugin_module_imports_nothing_heavy() -> None:
 )
 def test_wrong_values_name_the_allowed_ones(arguments: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
-        parse_options(**arguments)
+        options_from_constructor(**arguments)
 
 
 def test_wrong_state_dict_type_is_refused() -> None:
@@ -109,7 +109,7 @@ def test_wrong_state_dict_type_is_refused() -> None:
 def test_fsdp1_values_map_onto_fsdp2() -> None:
     from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, CPUOffloadPolicy, MixedPrecision, ShardingStrategy
 
-    options = parse_options(
+    options = options_from_constructor(
         sharding_strategy=ShardingStrategy.HYBRID_SHARD,
         cpu_offload=CPUOffload(offload_params=True),
         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
@@ -119,7 +119,7 @@ def test_fsdp1_values_map_onto_fsdp2() -> None:
     assert isinstance(options.offload_policy, CPUOffloadPolicy)
     assert options.mp_policy.param_dtype == torch.bfloat16
     assert options.mp_policy.reduce_dtype == torch.float32
-    assert parse_options(sharding_strategy="shard_grad_op").reshard_after_forward is False
+    assert options_from_constructor(sharding_strategy="shard_grad_op").reshard_after_forward is False
 
 
 def test_fsdp1_only_settings_warn() -> None:
@@ -127,7 +127,7 @@ def test_fsdp1_only_settings_warn() -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        parse_options(
+        options_from_constructor(
             backward_prefetch=BackwardPrefetch.BACKWARD_POST,
             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16),
             device_id=0,
@@ -141,7 +141,7 @@ def test_fsdp1_only_settings_warn() -> None:
 @pytest.mark.parametrize("value", ["BACKWARD_PRE", "backward_pre"])
 def test_backward_prefetch_pre_warns_that_fsdp2_always_does_it(value: str) -> None:
     with pytest.warns(ObsoleteParameterWarning, match="FSDP2 always issues the next module's all-gather"):
-        parse_options(backward_prefetch=value)
+        options_from_constructor(backward_prefetch=value)
 
 
 def test_info_gives_every_parameter_its_meaning_and_fsdp1_mapping(capsys: pytest.CaptureFixture[str]) -> None:
@@ -162,10 +162,10 @@ def test_info_gives_every_parameter_its_meaning_and_fsdp1_mapping(capsys: pytest
 def test_hybrid_mesh_must_match_the_world_size() -> None:
     from lightning_strategies_fsdp.options import mesh_shape
 
-    options = parse_options(sharding_strategy="HYBRID_SHARD", device_mesh=(3, 1))
+    options = options_from_constructor(sharding_strategy="HYBRID_SHARD", device_mesh=(3, 1))
     with pytest.raises(ValueError, match="product of 2"):
         mesh_shape(options, world_size=2, num_nodes=1)
-    assert mesh_shape(parse_options(sharding_strategy="HYBRID_SHARD"), world_size=8, num_nodes=2) == (2, 4)
+    assert mesh_shape(options_from_constructor(sharding_strategy="HYBRID_SHARD"), world_size=8, num_nodes=2) == (2, 4)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -181,7 +181,7 @@ def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
 
     from lightning_strategies_fsdp.sharding import mesh_backends
 
-    offloading, plain = parse_options(cpu_offload=True), parse_options()
+    offloading, plain = options_from_constructor(cpu_offload=True), options_from_constructor()
     assert mesh_backends(offloading, torch.device("cuda", 0), 2) == {0: "cpu:gloo,cuda:nccl", 1: "cpu:gloo,cuda:nccl"}
     assert mesh_backends(plain, torch.device("cuda", 0), 1) is None
     assert mesh_backends(offloading, torch.device("cpu"), 1) is None  # gloo already carries everything

@@ -30,7 +30,9 @@ from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
 
 
-# A subclass of Lightning's plugin, as the Trainer's is (precision.py says why).
+# A subclass of Lightning's plugin, as the Trainer's is (precision.py says why). Unlike the Trainer's it keeps
+# Lightning's tensor_init_context and module_init_context, so Fabric's init_module() under a `*-true`
+# precision creates parameters in that dtype, as Lightning's DeepSpeed plugin does.
 class DeepSpeedFabricPrecision(LightningFabricDeepSpeedPrecision):
     """Casts inputs (and, for ``*-true``, the module); the engine does the rest."""
 
