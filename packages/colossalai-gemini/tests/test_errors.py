@@ -71,12 +71,13 @@ def test_clipping_by_value_is_refused():
     strategy._check_clipping(_trainer_settings(1.0))
 
 
-@pytest.mark.parametrize("placement", ["cpu", "auto"])
+@pytest.mark.parametrize("placement", ["cpu", "auto", "static"])
 def test_bf16_clipping_with_cpu_held_optimizer_is_refused(placement):
-    strategy = ColossalAIStrategy(placement_policy=placement)
+    offload = {"offload_optim_frac": 0.4} if placement == "static" else {}
+    strategy = ColossalAIStrategy(placement_policy=placement, **offload)
     strategy.precision_plugin = strategy.own_precision_plugin("16-mixed")
     strategy._check_clipping(_trainer_settings(1.0))  # fp16: the CPU kernel applies the clipping scale
-    if placement == "cpu":
+    if placement != "auto":
         strategy.precision_plugin = strategy.own_precision_plugin("bf16-mixed")
         with pytest.raises(CapabilityError, match=r"ignores the clipping scale"):
             strategy._check_clipping(_trainer_settings(1.0))

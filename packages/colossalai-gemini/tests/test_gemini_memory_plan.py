@@ -31,9 +31,21 @@ def test_the_chosen_placement_offloads_the_optimizer_first_and_only_as_much_as_n
     assert chosen is not None and 0 < chosen.offload_optim_frac <= 1 and chosen.offload_param_frac == 0.0
 
 
+def test_a_partial_static_placement_is_offered_as_a_strategy_the_trainer_takes():
+    workload = Workload.build("6.7B", micro_batch=16)
+    chosen = choose_static_placement(workload, ISSUE_MACHINE)
+    static = [c for c in plan_candidates(workload, ISSUE_MACHINE) if c.settings.get("placement_policy") == "static"]
+    assert [c.strategy for c in static] == ["colossalai"]
+    assert static[0].settings["offload_optim_frac"] == chosen.offload_optim_frac
+    assert static[0].fits and 0 < static[0].offloaded_fraction < 1
+    # Nothing partial to offer where the GPU holds everything.
+    small = plan_candidates(Workload.build("1.3B"), ISSUE_MACHINE)
+    assert all(c.settings.get("placement_policy") != "static" for c in small)
+
+
 def test_colossalai_cpu_of_6_7b_does_not_fit_128_gib_as_measured():
     """The issue's run was killed for host memory in set-up (121 GiB and rising)."""
-    names = {c.strategy: c for c in plan_candidates(Workload.build("6.7B"), ISSUE_MACHINE)}
+    names = {c.strategy: c for c in plan_candidates(Workload.build("6.7B"), ISSUE_MACHINE) if not c.settings}
     assert not names["colossalai_cpu"].fits
     assert not names["colossalai"].fits  # placement auto refuses bf16
     assert plan_candidates(Workload.build("1B", precision="32-true"), ISSUE_MACHINE) == []

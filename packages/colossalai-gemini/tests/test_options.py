@@ -43,10 +43,25 @@ def build_plugin(arguments):
             },
         ),
         ("auto", {"placement_policy": "auto"}),
+        (
+            {"placement_policy": "static", "offload_optim_frac": 0.45},
+            {
+                "placement_policy": "static",
+                "shard_param_frac": 1.0,
+                "offload_optim_frac": 0.45,
+                "offload_param_frac": 0.0,
+            },
+        ),
+        (
+            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.3},
+            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.3},
+        ),
+        ({"placement_policy": "static"}, {"placement_policy": "static", "offload_optim_frac": 0.0}),
     ],
 )
 def test_placement_reaches_gemini_plugin(gloo_world_of_one, placement, expected):
-    arguments = gemini_plugin_arguments(GeminiSettings(placement_policy=placement), "16-mixed", world_size=1)
+    given = placement if isinstance(placement, dict) else {"placement_policy": placement}
+    arguments = gemini_plugin_arguments(GeminiSettings(**given), "16-mixed", world_size=1)
     plugin = build_plugin(arguments)
     for key, value in expected.items():
         assert plugin.gemini_config[key] == value
@@ -185,3 +200,34 @@ def test_loss_scaler_settings_warn_under_bf16_only():
         warnings.simplefilter("error")
         settings.warn_precision("16-mixed")
         GeminiSettings().warn_obsolete()
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"placement_policy": "cuda", "offload_optim_frac": 0.5}, r"only placement_policy='static' reads.*Pass"),
+        ({"placement_policy": "auto", "offload_param_frac": 0.5}, r"only placement_policy='static' reads"),
+        ({"placement_policy": "static", "offload_optim_frac": 1.5}, r"must lie between 0 and 1"),
+        # GeminiPlugin itself only warns and keeps every parameter chunk on the GPU.
+        (
+            {"placement_policy": "static", "offload_optim_frac": 0.5, "offload_param_frac": 0.2},
+            r"once every optimizer state is offloaded.*offload_optim_frac=1.0",
+        ),
+        (
+            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.2,
+             "enable_distributed_storage": False},
+            r"needs sharded chunks",
+        ),
+    ],
+)  # fmt: skip
+def test_offload_fractions_outside_what_gemini_honours_are_refused(given, message):
+    with pytest.raises(ValueError, match=message):
+        GeminiSettings(**given)
+
+
+def test_only_a_placement_that_offloads_optimizer_states_counts_as_offloading():
+    assert not GeminiSettings(placement_policy="cuda").offloads
+    assert not GeminiSettings(placement_policy="static").offloads
+    assert GeminiSettings(placement_policy="static", offload_optim_frac=0.05).offloads
+    assert GeminiSettings(placement_policy="cpu").offloads
+    assert GeminiSettings(placement_policy="auto").offloads

@@ -156,8 +156,8 @@ def choose_static_placement(workload: Workload, machine: Machine) -> Placement |
 
 
 def plan_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
-    """The strategy's three placements; where a partial static offload would fit and neither extreme does,
-    a note says which (the strategy does not take offload fractions)."""
+    """The strategy's three named placements, and static placement with the least offload that fits where
+    that is neither extreme."""
     from lightning_strategies.planning import candidate
 
     if workload.precision not in ("16-mixed", "bf16-mixed"):
@@ -178,10 +178,12 @@ def plan_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         auto.notes.append("refuses bf16-mixed: plan with precision 16-mixed to consider it")
     found.append(auto)
     chosen = choose_static_placement(workload, machine)
-    if chosen is not None and not found[0].fits and 0 < chosen.offload_optim_frac + chosen.offload_param_frac < 2:
-        found[1].notes.append(
-            f"Gemini's static placement with offload_optim_frac={chosen.offload_optim_frac:.2f}, "
-            f"offload_param_frac={chosen.offload_param_frac:.2f} would offload less; this strategy does not take "
-            "offload fractions yet"
-        )
+    if chosen is not None and 0 < chosen.offload_optim_frac + chosen.offload_param_frac < 2:
+        settings = {
+            "placement_policy": "static",
+            "offload_optim_frac": chosen.offload_optim_frac,
+            "offload_param_frac": chosen.offload_param_frac,
+        }
+        gpu, host, offloaded = predict_static(workload, gpus, chosen)
+        found.append(candidate("colossalai", settings, gpu, host, machine, offloaded, (), 1))
     return found

@@ -12,7 +12,7 @@ from typing import Any
 from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "ColossalAIStrategy"
-PLACEMENTS = ("cpu", "cuda", "auto")
+PLACEMENTS = ("cpu", "cuda", "auto", "static")
 STATE_DICT_TYPES = ("full", "sharded")
 PRECISIONS = {"16-mixed": "fp16", "bf16-mixed": "bf16"}
 # ColossalAI counts chunk sizes in parameters (elements) and takes search sizes in units of 2**20.
@@ -50,9 +50,12 @@ class GeminiSettings:
     hysteresis: int = 2
     max_scale: float = 2**32
     state_dict_type: str = "full"
+    offload_optim_frac: float | None = None
+    offload_param_frac: float | None = None
 
     def __post_init__(self) -> None:
         check_choice(STRATEGY, "placement_policy", self.placement_policy, PLACEMENTS)
+        self._check_offload_fractions()
         check_choice(STRATEGY, "state_dict_type", self.state_dict_type, STATE_DICT_TYPES)
         for name in ("use_chunk", "enable_distributed_storage", "force_outputs_fp32"):
             check_type(STRATEGY, name, getattr(self, name), bool)
@@ -82,6 +85,44 @@ class GeminiSettings:
                 f"min_scale={self.min_scale!r}, initial_scale={self.initial_scale!r}, "
                 f"max_scale={self.max_scale!r}."
             )
+
+    def _check_offload_fractions(self) -> None:
+        given = {
+            name: getattr(self, name)
+            for name in ("offload_optim_frac", "offload_param_frac")
+            if getattr(self, name) is not None
+        }
+        if given and self.placement_policy != "static":
+            raise ValueError(
+                f"{STRATEGY}({', '.join(f'{k}={v!r}' for k, v in given.items())}) sets an offload fraction, which "
+                f"only placement_policy='static' reads; got placement_policy={self.placement_policy!r}. Pass "
+                "placement_policy='static' ('cuda' is static with both fractions 0, 'cpu' with both 1)."
+            )
+        for name, value in given.items():
+            check_type(STRATEGY, name, value, (int, float))
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{STRATEGY}({name}={value!r}) must lie between 0 and 1.")
+        if (self.offload_param_frac or 0.0) > 0.0 and (self.offload_optim_frac or 0.0) < 1.0:
+            # GeminiPlugin only warns and then keeps every parameter chunk on the GPU.
+            raise ValueError(
+                f"{STRATEGY}(offload_param_frac={self.offload_param_frac!r}) offloads parameter chunks, which "
+                "Gemini does only once every optimizer state is offloaded; got "
+                f"offload_optim_frac={self.offload_optim_frac!r}. "
+                "Pass offload_optim_frac=1.0, or offload_param_frac=0.0 to offload a share of the optimizer only."
+            )
+        if not self.enable_distributed_storage and (self.offload_param_frac or 0.0) > 0.0:
+            raise ValueError(
+                f"{STRATEGY}(offload_param_frac={self.offload_param_frac!r}) needs sharded chunks, and "
+                "enable_distributed_storage=False keeps them whole. Enable distributed storage, or offload the "
+                "optimizer only (offload_param_frac=0.0)."
+            )
+
+    @property
+    def offloads(self) -> bool:
+        """Whether any chunk's optimizer side may live in host memory (placement auto decides at run time)."""
+        if self.placement_policy == "static":
+            return bool(self.offload_optim_frac)
+        return self.placement_policy != "cuda"
 
     def warn_obsolete(self) -> None:
         """Warn, once at construction, about parameters ColossalAI 0.5 no longer uses."""
@@ -136,17 +177,18 @@ def placement_arguments(settings: GeminiSettings) -> dict[str, Any]:
     """GeminiPlugin placement arguments for the old three placement policies.
 
     ColossalAI 0.5 replaced "cpu"/"cuda" by a "static" policy with fractions: "cuda" keeps every
-    sharded chunk and the optimizer states on the GPU, "cpu" offloads all of them.
+    sharded chunk and the optimizer states on the GPU, "cpu" offloads all of them, and "static" takes
+    the fractions given (unset ones are 0: nothing offloaded).
     """
     if settings.placement_policy == "auto":
         return {"placement_policy": "auto"}
-    offload = 1.0 if settings.placement_policy == "cpu" else 0.0
+    fixed = {"cpu": 1.0, "cuda": 0.0}.get(settings.placement_policy)
     return {
         "placement_policy": "static",
         # Without distributed storage every rank keeps whole chunks: ZeRO-2 style, nothing to shard.
         "shard_param_frac": 1.0 if settings.enable_distributed_storage else 0.0,
-        "offload_optim_frac": offload,
-        "offload_param_frac": offload,
+        "offload_optim_frac": float(fixed if fixed is not None else settings.offload_optim_frac or 0.0),
+        "offload_param_frac": float(fixed if fixed is not None else settings.offload_param_frac or 0.0),
     }
 
 

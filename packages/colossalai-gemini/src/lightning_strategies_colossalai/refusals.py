@@ -98,9 +98,10 @@ def check_clipping(settings: GeminiSettings, gemini_precision: str, trainer: Any
             "ColossalAIStrategy clips gradients by norm only (GeminiOptimizer has no clip by value); "
             "use Trainer(gradient_clip_algorithm='norm')."
         )
-    if gemini_precision == "bf16" and settings.placement_policy != "cuda":
+    if gemini_precision == "bf16" and settings.offloads:
         raise CapabilityError(
-            f"gradient_clip_val={clip} with placement {settings.placement_policy!r}: " + CPU_BF16_CLIP_REASON
+            f"gradient_clip_val={clip} with placement {settings.placement_policy!r}, which offloads optimizer "
+            "states: " + CPU_BF16_CLIP_REASON
         )
 
 

@@ -68,6 +68,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         max_scale: float = 2**32,
         state_dict_type: str = "full",
         shard_size_mb: int = 1024,
+        offload_optim_frac: float | None = None,
+        offload_param_frac: float | None = None,
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -89,6 +91,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                 static placement, no offload; fastest). ``"cpu"``: parameters and optimizer states are
                 offloaded to CPU memory (static placement, full offload; least GPU memory). ``"auto"``:
                 Gemini traces memory in the first training step and moves chunks between GPU and CPU.
+                ``"static"``: offloads the shares ``offload_optim_frac`` and ``offload_param_frac``.
             force_outputs_fp32: Cast the model's outputs to fp32.
             gpu_margin_mem_ratio: Share (0 to 1) of the GPU memory left free after the first step that
                 the optimizer may use for fp32 master weights and states. Used only with placement "auto".
@@ -108,6 +111,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                 without holding the whole state at once (ColossalAI's index format, loadable on any
                 number of GPUs).
             shard_size_mb: Largest shard file, in MiB, for ``state_dict_type="sharded"``.
+            offload_optim_frac: With placement "static": the share (0 to 1) of fp32 master weights and optimizer
+                states kept and updated on the CPU; ``lightning-strategies plan`` picks the least that fits.
+            offload_param_frac: With placement "static" and ``offload_optim_frac=1``: the share of 16-bit chunks.
             accelerator: The accelerator; must be CUDA.
             parallel_devices: The devices to train on (set by the Trainer).
             cluster_environment: The cluster environment (set by the Trainer).
@@ -172,8 +178,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         lazy_init.seed_ranks_alike()
 
     def tensor_init_context(self, empty_init: bool | None = None) -> Any:
-        # Gemini places parameters itself (chunk by chunk); creating them on the GPU first would
-        # need the whole unsharded model in GPU memory.
+        # Gemini places parameters chunk by chunk; built on the GPU first, the whole model would have to fit.
         return contextlib.nullcontext()
 
     def model_sharded_context(self) -> Any:
@@ -249,8 +254,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     # ------------------------------------------------------------------------------------ memory
 
     def memory_statistics(self) -> dict[str, float]:
-        """Bytes of model data (chunks) per device, traced peak non-model data ("auto" placement,
-        after the first step), and bytes held for the optimizer per device."""
+        """Chunk bytes and optimizer bytes per device, and the traced peak of non-model data ("auto")."""
         if self._gemini_model is None:
             return {}
         optimizer = self.gemini_optimizer if self.optimizers else None
@@ -275,8 +279,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         return state if self.is_global_zero else {}
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Write the checkpoint beside ``filepath`` and publish it there in one step once every rank is done,
-        so a crash mid-save leaves the previous checkpoint under the name (core's ``staged_save``)."""
+        """Write beside ``filepath``, published in one step once every rank is done (core's ``staged_save``)."""
         if "optimizer_states" in checkpoint and self.optimizers:
             checkpoint[checkpoint_state.LOSS_SCALER_KEY] = checkpoint_state.loss_scaler_state(self.gemini_optimizer)
         if self.settings.state_dict_type == "full":
