@@ -97,7 +97,7 @@ def autocast(device: torch.device, precision: str) -> Any:
 def torch_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step, Any, Save]:
     """fp32 weights, bf16 autocast, fused AdamW; DistributedDataParallel over several devices."""
     with device:
-        model: torch.nn.Module = GPT(SIZES[workload.size], workload.length)
+        model: torch.nn.Module = GPT(SIZES[workload.size], workload.length, workload.activation_checkpointing)
     if workload.devices > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimizer = optimizers.build(run.optimizer, model.parameters())
@@ -133,7 +133,7 @@ def fsdp_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Step,
         "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy(),
     }
     with torch.device("meta"):
-        model = GPT(SIZES[workload.size], workload.length)
+        model = GPT(SIZES[workload.size], workload.length, workload.activation_checkpointing)
     for block in model.blocks:
         fully_shard(block, **policy)
     # The root's parameters (embeddings, final norm, head) are the first needed in backward: keeping
@@ -204,10 +204,10 @@ def deepspeed_loop(workload: Workload, run: Run, device: torch.device) -> tuple[
     if config["zero_optimization"]["stage"] == 3:
         # Partitioned as each module is created, as the strategy's configure_model context does.
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = GPT(SIZES[workload.size], workload.length)
+            model = GPT(SIZES[workload.size], workload.length, workload.activation_checkpointing)
     else:
         with device:
-            model = GPT(SIZES[workload.size], workload.length)
+            model = GPT(SIZES[workload.size], workload.length, workload.activation_checkpointing)
     optimizer = optimizers.build(run.optimizer, model.parameters())
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
 
@@ -251,7 +251,7 @@ def gemini_loop(workload: Workload, run: Run, device: torch.device) -> tuple[Ste
 
     arguments = gemini_plugin_arguments(run)
     with LazyInitContext(default_device=device):
-        model = GPT(SIZES[workload.size], workload.length)
+        model = GPT(SIZES[workload.size], workload.length, workload.activation_checkpointing)
     optimizer = optimizers.build(run.optimizer, model.parameters())
     booster = Booster(plugin=GeminiPlugin(**arguments))
     model, optimizer, *_ = booster.boost(model, optimizer)

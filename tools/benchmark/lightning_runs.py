@@ -35,7 +35,7 @@ class GPTModule(LightningModule):
 
     def configure_model(self) -> None:
         if self.gpt is None:
-            self.gpt = GPT(SIZES[self.workload.size], self.workload.length)
+            self.gpt = GPT(SIZES[self.workload.size], self.workload.length, self.workload.activation_checkpointing)
 
     def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
         assert self.gpt is not None

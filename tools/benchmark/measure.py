@@ -34,6 +34,7 @@ class Workload:
     # Where the run saves its checkpoint after the last step (a scratch folder the harness deletes);
     # None: no checkpoint.
     checkpoint_dir: str | None = None
+    activation_checkpointing: bool = False  # every block recomputed in backward (model FLOPs still count once)
 
     @property
     def steps(self) -> int:

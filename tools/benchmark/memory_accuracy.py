@@ -48,6 +48,7 @@ class Configuration:
     precision: str = "bf16-mixed"
     # "partial": use whatever share of offload the planner chooses for this strategy (its settings win).
     planned: str | None = None
+    activation_checkpointing: bool = False
 
 
 # Sizes that fit one H200 (139 GiB) for each strategy, spread over no offload, partial and full offload.
@@ -57,16 +58,31 @@ CONFIGURATIONS = [
     Configuration("ds2-1.3b", "deepspeed_stage_2", "1.3b", {"stage": 2}),
     Configuration("ds3-2.7b", "deepspeed_stage_3", "2.7b", {"stage": 3}),
     Configuration("ds3-ratio-6.7b", "deepspeed_stage_3", "6.7b", planned="partial"),
-    Configuration("ds3-offload-2.7b", "deepspeed_stage_3_offload", "2.7b",
-                  {"stage": 3, "offload_optimizer": True, "offload_parameters": True}),
-    Configuration("ds3-offload-2.7b-mb4", "deepspeed_stage_3_offload", "2.7b",
-                  {"stage": 3, "offload_optimizer": True, "offload_parameters": True}, micro_batch=4),
+    Configuration(
+        "ds3-offload-2.7b",
+        "deepspeed_stage_3_offload",
+        "2.7b",
+        {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+    ),
+    Configuration(
+        "ds3-offload-2.7b-mb4",
+        "deepspeed_stage_3_offload",
+        "2.7b",
+        {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+        micro_batch=4,
+    ),
     Configuration("gemini-cuda-1.3b", "colossalai_cuda", "1.3b"),
     Configuration("gemini-cpu-2.7b", "colossalai_cpu", "2.7b"),
     Configuration("ds3-2x-2.7b", "deepspeed_stage_3", "2.7b", {"stage": 3}, devices=2),
     Configuration("fsdp-2x-2.7b", "fsdp", "2.7b", devices=2),
+]
+# The largest model on one H200 with 128 GiB of host memory (issue 13): the planner's partial offload of each
+# backend, every block checkpointed; run with --steps 10 to see the loss fall.
+LARGEST = [
+    Configuration("largest-gemini-13b", "colossalai", "13b", planned="partial", activation_checkpointing=True),
+    Configuration("largest-ds3-13b", "deepspeed_stage_3", "13b", planned="partial", activation_checkpointing=True),
 ]  # fmt: skip
-BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS}
+BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST}
 # Small enough for a CPU run of the harness itself (no GPU peak is measured there).
 CPU_SMOKE = Configuration("cpu-smoke", "fsdp", "tiny", micro_batch=2, length=64)
 
@@ -95,12 +111,14 @@ def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_
         sequence_length=configuration.length,
         micro_batch=configuration.micro_batch,
         precision=configuration.precision,
+        activation_checkpointing=configuration.activation_checkpointing,
     )
     machine = Machine(configuration.devices, int(gpu_memory_gib * GIB), int(host_memory_gib * GIB))
     result = plan_for(workload, machine)
     same = [c for c in result.candidates if c.strategy == configuration.strategy]
     if configuration.planned == "partial":
-        chosen = [c for c in same if 0 < c.offloaded_fraction < 1 and c.settings.get("offload_optimizer") is not True]
+        partial = [c for c in same if 0 < c.offloaded_fraction < 1 and c.settings.get("offload_optimizer") is not True]
+        chosen = [c for c in partial if c.fits] or partial
     else:
         chosen = [c for c in same if c.settings == configuration.settings]
     if not chosen:
@@ -174,7 +192,7 @@ class TreeSampler(threading.Thread):
 
 def measure(configuration: Configuration, settings: dict[str, Any], steps: int, accelerator: str, timeout: float):
     """One short fit in a fresh process tree: (per-device GPU peaks, host peak of the tree, each rank's resident
-    memory by stage, failure or None)."""
+    memory by stage, rank 0's speed and losses, failure or None)."""
     with tempfile.TemporaryDirectory(prefix="memory-accuracy-") as scratch:
         spec = Path(scratch, "spec.json")
         spec.write_text(json.dumps({**dataclasses.asdict(configuration), "settings": settings, "steps": steps,
@@ -204,7 +222,7 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
         gpu_peaks = [record["max_memory_allocated"] for record in records]
         stages = [record["host_stages_gib"] for record in records]
         failure = None if process.returncode == 0 and gpu_peaks else output[-3000:]
-        return gpu_peaks, host_peak, stages, failure
+        return gpu_peaks, host_peak, stages, records[0]["speed"] if records else None, failure
 
 
 def resident_gib() -> tuple[float, float]:
@@ -246,7 +264,7 @@ def child(spec_path: Path) -> None:
     from lightning.pytorch import Trainer
 
     from lightning_strategies import get_registry
-    from tools.benchmark.lightning_runs import GPTModule
+    from tools.benchmark.lightning_runs import GPTModule, RecordSteps
     from tools.benchmark.measure import RandomTokens, Workload
 
     spec = json.loads(spec_path.read_text())
@@ -259,11 +277,13 @@ def child(spec_path: Path) -> None:
         timed_steps=spec["steps"] - 1,
         devices=spec["devices"],
         accelerator=spec["accelerator"],
+        activation_checkpointing=spec["activation_checkpointing"],
     )
     strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
     stages = host_stages_callback()
+    steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
     trainer = Trainer(
-        callbacks=[stages],
+        callbacks=[stages, steps],
         accelerator=spec["accelerator"],
         devices=spec["devices"],
         strategy=strategy,
@@ -280,8 +300,16 @@ def child(spec_path: Path) -> None:
     device = trainer.strategy.root_device
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": peak,
-              "host_stages_gib": stages.stages}  # fmt: skip
+              "host_stages_gib": stages.stages, "speed": speed(steps)}  # fmt: skip
     Path(spec["results"], f"rank-{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def speed(steps: Any) -> dict[str, Any] | None:
+    """tokens/s, MFU and the losses of the steps after the first (None where fewer than two steps ran)."""
+    if steps.recorder is None or steps.workload.timed_steps < 1:
+        return None
+    result = steps.recorder.result()
+    return {key: result[key] for key in ("tokens_per_second", "seconds_per_step", "mfu", "losses", "finite_loss")}
 
 
 def compare(predicted: float | None, measured: float | None) -> float | None:
@@ -321,7 +349,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
     records = []
     for configuration in configurations:
         predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory)
-        gpu_peaks, host_peak, host_stages, failure = measure(
+        gpu_peaks, host_peak, host_stages, speed, failure = measure(
             configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout
         )
         gpu_measured = max(gpu_peaks) / 2**30 if gpu_peaks and None not in gpu_peaks else None
@@ -341,6 +369,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
             "host_measured_gib": host_measured,
             "host_error": host_error,
             "host_stages_per_rank_gib": host_stages,
+            "speed": speed,
             "within_tolerance": failure is None and len(errors) == 2 and max(errors) <= TOLERANCE,
             "failure": failure,
         }
@@ -374,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         child(arguments.child)
         return
     if arguments.list:
-        for configuration in CONFIGURATIONS:
+        for configuration in CONFIGURATIONS + LARGEST:
             print(f"{configuration.id:24} {configuration.strategy:28} {configuration.size:6} x{configuration.devices}")
         return
     if arguments.cpu_smoke:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional
+from torch.utils.checkpoint import checkpoint
 
 from tools.benchmark.sizes import VOCABULARY, Size
 
@@ -39,8 +40,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Takes tokens of shape (batch, length + 1) and returns the next-token cross-entropy loss."""
 
-    def __init__(self, size: Size, length: int) -> None:
+    def __init__(self, size: Size, length: int, checkpoint_blocks: bool = False) -> None:
         super().__init__()
+        # Activation checkpointing: each block keeps only its input and is run again in backward, the
+        # trade of compute for memory that lets the largest models train (issue 13).
+        self.checkpoint_blocks = checkpoint_blocks
         self.token_embedding = nn.Embedding(VOCABULARY, size.width)
         self.position_embedding = nn.Embedding(length, size.width)
         self.blocks = nn.ModuleList(Block(size.width, size.heads) for _ in range(size.layers))
@@ -65,7 +69,10 @@ class GPT(nn.Module):
         positions = torch.arange(inputs.shape[1], device=inputs.device)
         hidden = self.token_embedding(inputs) + self.position_embedding(positions)
         for block in self.blocks:
-            hidden = block(hidden)
+            if self.checkpoint_blocks and self.training:
+                hidden = checkpoint(block, hidden, use_reentrant=False)
+            else:
+                hidden = block(hidden)
         logits = self.head(self.final_norm(hidden))
         return functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
