@@ -32,6 +32,11 @@ lines = [f"import site; site.addsitedir({path!r})\n" for path in site.getsitepac
 open(sys.argv[1], "w").writelines(lines)
 PY
   "$image_python" -m pip --python "$venv/bin/python" install -q --no-index --no-deps --no-compile "${wheels[@]}"
+  # ninja rebuilds a kernel whose sources are newer than its objects, and installing gives the backends'
+  # kernel sources the install time: a carried cache would be rebuilt on every fresh machine (ColossalAI
+  # logged 31 and 45 s to "load" its two). Dated back, the carried objects are current.
+  find "$site" "$venv_site" \( -path '*/colossalai/kernel/*' -o -path '*/deepspeed/ops/*' \) -type f \
+    -exec touch -d 2000-01-01 {} +
   echo "$stamp" > "$venv/.wheelhouse-stamp"
   show_versions=1
 fi
@@ -47,10 +52,9 @@ mkdir -p "$TORCH_EXTENSIONS_DIR" /tmp/cache/colossalai "$HOME/.cache"
 # them: a compile also runs nvcc beside the training and adds its memory to what a benchmark measures.
 kernel_caches=(/tmp/cache/torch_extensions /tmp/cache/colossalai)
 if compgen -G "$repo/.kernels/kernels.tar.gz.part-*" >/dev/null && [ ! -e /tmp/cache/.unpacked-$stamp ]; then
+  # tar keeps the objects' own times: ninja's log of dependencies records them, and an object touched since
+  # counts as out of date (it was, when an earlier setup.sh touched the whole cache).
   if cat "$repo"/.kernels/kernels.tar.gz.part-* | tar -xzPf -; then
-    # The wheels were just installed, so their sources are newer than the carried objects; ninja would
-    # rebuild them all. The cache was packed by tier.sh from the same backend wheels: mark it current.
-    find "${kernel_caches[@]}" -exec touch {} + 2>/dev/null || true
     touch /tmp/cache/.unpacked-$stamp
     echo "setup.sh: unpacked the carried kernel cache"
   else
@@ -59,6 +63,13 @@ if compgen -G "$repo/.kernels/kernels.tar.gz.part-*" >/dev/null && [ ! -e /tmp/c
     find "${kernel_caches[@]}" -mindepth 1 -delete 2>/dev/null || true
   fi
 fi
+
+# Packs the kernel cache into DIR in parts the device tool returns (16 MiB at most), to carry as `.kernels`.
+# Lock files are left out: one left behind would make every rank of the next machine wait for it forever.
+pack_kernel_cache() {
+  rm -f "$1"/kernels.tar.gz.part-*
+  tar --exclude='*/lock' -czPf - "${kernel_caches[@]}" 2>/dev/null | split -b 15m - "$1/kernels.tar.gz.part-"
+}
 
 # Versions after an install, and whenever the script is run rather than sourced.
 if [ -n "${show_versions:-}" ] || [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -61,7 +61,6 @@ for item in "${packages[@]}"; do
   cat "$out/$package.log"
 done
 echo "tier: whole command in $(( $(date +%s) - tier_start )) s, the wheelhouse install included" | tee -a "$out/summary.txt"
-rm -f "$out"/kernels.tar.gz.part-*
-tar -czPf - "${kernel_caches[@]}" 2>/dev/null | split -b 15m - "$out/kernels.tar.gz.part-"
+pack_kernel_cache "$out"
 cat "$out/summary.txt"
 exit $status

@@ -88,13 +88,15 @@ def log_memory_statistics(trainer: Any, is_global_zero: bool, statistics: Callab
 
 # Low-precision chunks gathered at a time on each GPU, in blocks' worth: the block running and the next.
 GATHERED_BLOCKS = 2
-# Host bytes per parameter while the model is built and wrapped (lazy init materialises a full-precision
-# copy before the chunks exist): colossalai_cpu of 6.7B reached 121 GiB of host memory in set-up on a
-# 128 GiB machine, about 19 bytes per parameter against 14 of chunk states; hence 6. An estimate, to be fitted.
-SETUP_HOST_BYTES = 6
+# The gradient of an offloaded chunk is copied to the host for HybridAdam's CPU update (16-bit: 2 bytes) and
+# lives there until the next forward.
+OFFLOADED_GRADIENT_BYTES = 2
+# With bf16, HybridAdam updates CPU-held chunks through plain torch, one tensor at a time, with fp32 temporaries
+# of about 12 bytes per element of the tensor being updated (ColossalAI 0.5's cpu_adam.py).
+CPU_UPDATE_TEMPORARY_BYTES = 12
 # Placement "auto" decides at run time; after the traced first step 6.7B and 13B were killed for host memory
-# with 55 and 89 GiB of the GPU in use, so its host peak is planned as every state on the host plus the set-up
-# copy. An estimate, to be fitted.
+# with 55 and 89 GiB of the GPU in use (pinned, ColossalAI's default then), so its host peak is planned as every
+# state on the host plus a copy. An estimate, to be fitted.
 AUTO_HOST_BYTES = 20
 
 
@@ -105,7 +107,13 @@ class Placement:
 
 
 def predict_static(workload: Workload, gpus: int, placement: Placement) -> tuple[float, float, float]:
-    """(GPU peak per device, host peak of the node, share of model states offloaded) of a static placement."""
+    """(GPU peak per device, host peak of the node, share of model states offloaded) of a static placement,
+    unpinned (the strategy's default): host memory holds only what is offloaded.
+
+    The model is materialised on the GPU parameter by parameter (lazy init); without parameter offload every
+    chunk, 16-bit and fp32, is closed there before the offloaded fp32 masters move to the host, so set-up
+    briefly holds 6 bytes per parameter of the whole model on the GPUs.
+    """
     from lightning_strategies.planning import activation_bytes, host_base_bytes
 
     count, shape = workload.parameters, workload.shape
@@ -114,10 +122,16 @@ def predict_static(workload: Workload, gpus: int, placement: Placement) -> tuple
     total = count * (low + optimizer_side)
     on_host = count * (placement.offload_param_frac * low + placement.offload_optim_frac * optimizer_side)
     gathered = GATHERED_BLOCKS * shape.block_parameters() * low
-    gpu = (total - on_host) / gpus + gathered + activation_bytes(workload)
-    steady = host_base_bytes(gpus) + on_host
-    setup = host_base_bytes(gpus) + on_host + SETUP_HOST_BYTES * count
-    return gpu, max(steady, setup), on_host / total
+    training = (total - on_host) / gpus + gathered + activation_bytes(workload)
+    # GeminiDDP closes chunks on the GPU unless parameters are offloaded, then moves the offloaded fp32 masters.
+    setup = count * (low + 4) / gpus if not placement.offload_param_frac else 0.0
+    host = host_base_bytes(gpus) + on_host
+    if placement.offload_optim_frac:
+        host += placement.offload_optim_frac * count * OFFLOADED_GRADIENT_BYTES
+        if workload.precision == "bf16-mixed":
+            largest = max(4 * shape.hidden * shape.hidden, shape.vocabulary * shape.hidden)
+            host += gpus * CPU_UPDATE_TEMPORARY_BYTES * largest
+    return max(training, setup), host, on_host / total
 
 
 def predict_auto(workload: Workload, gpus: int, machine: Machine) -> tuple[float, float, float]:

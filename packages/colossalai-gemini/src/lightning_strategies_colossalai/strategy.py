@@ -70,6 +70,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         shard_size_mb: int = 1024,
         offload_optim_frac: float | None = None,
         offload_param_frac: float | None = None,
+        pin_memory: bool = False,
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -114,6 +115,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             offload_optim_frac: With placement "static": the share (0 to 1) of fp32 master weights and optimizer
                 states kept and updated on the CPU; ``lightning-strategies plan`` picks the least that fits.
             offload_param_frac: With placement "static" and ``offload_optim_frac=1``: the share of 16-bit chunks.
+            pin_memory: ColossalAI's default: a pinned host copy of every chunk and asynchronous reduction.
             accelerator: The accelerator; must be CUDA.
             parallel_devices: The devices to train on (set by the Trainer).
             cluster_environment: The cluster environment (set by the Trainer).
@@ -130,14 +132,10 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             raise ValueError(f"ColossalAIStrategy(shard_size_mb={shard_size_mb!r}) must be a positive integer.")
         self.shard_size_mb = shard_size_mb
         super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-        )
+            accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend, timeout=timeout,
+        )  # fmt: skip
         self._gemini_plugin: Any = None
         self._gemini_model: Any = None
 
