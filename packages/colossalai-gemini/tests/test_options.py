@@ -231,3 +231,13 @@ def test_only_a_placement_that_offloads_optimizer_states_counts_as_offloading():
     assert GeminiSettings(placement_policy="static", offload_optim_frac=0.05).offloads
     assert GeminiSettings(placement_policy="cpu").offloads
     assert GeminiSettings(placement_policy="auto").offloads
+
+
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_chunks_are_pinned_only_when_asked(gloo_world_of_one, pin_memory):
+    """Pinned, GeminiPlugin keeps a host copy of every chunk, the GPU-held ones too; the default leaves the host
+    with only what is offloaded."""
+    arguments = gemini_plugin_arguments(GeminiSettings(placement_policy="cuda", pin_memory=pin_memory), "bf16-mixed", 1)
+    config = build_plugin(arguments).gemini_config
+    assert config["pin_memory"] is pin_memory
+    assert config["enable_async_reduce"] is pin_memory
