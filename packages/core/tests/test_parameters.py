@@ -116,10 +116,10 @@ def test_each_face_constructor_is_the_body_under_the_faces_own_name() -> None:
     assert (face.stage, face.given, face.debug) == (3, "plugin", True)  # super() inside still skips the body
     assert _FabricFace(precision="plugin").given == "plugin"
     for face_class, name in [(_TrainerFace, "_TrainerFace"), (_FabricFace, "_FabricFace")]:
-        assert face_class.__init__.__qualname__ == face_class.__init__.__code__.co_qualname == f"{name}.__init__"
-        with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got an unexpected keyword argument 'stag'$"):
+        assert face_class.__init__.__qualname__ == f"{name}.__init__"
+        with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got an unexpected keyword argument 'stag'"):
             face_class(stag=3)
-        with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got multiple values for argument 'stage'$"):
+        with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got multiple values for argument 'stage'"):
             face_class(1, stage=2)
     with pytest.raises(TypeError, match=r"^_TrainerFace\.__init__\(\) got an unexpected keyword argument 'precision'"):
         _TrainerFace(precision="the other entry point's name")

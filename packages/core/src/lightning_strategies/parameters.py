@@ -88,7 +88,7 @@ def _copy(function: Callable[..., Any], qualname: str, renamed: dict[str, str], 
                 "does not use yet, given once."
             )
     code = code.replace(co_varnames=tuple(renamed.get(name, name) for name in code.co_varnames))
-    if sys.version_info >= (3, 11):  # Python 3.10 words a wrong call by the function's bare name
+    if sys.version_info >= (3, 11):  # from 3.11 a wrong call is worded after the code's name, before by the function's
         code = code.replace(co_qualname=qualname)
     copy = types.FunctionType(
         code,
