@@ -142,21 +142,27 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def _status_fields(pid: int | str) -> dict[str, str]:
+    """``/proc/<pid>/status`` (``pid`` may be ``"self"``) as ``field -> value``, e.g. ``"VmRSS" -> "1024 kB"``;
+    OSError where the process has gone."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {name: value.strip() for name, value in (line.split(":", 1) for line in lines if ":" in line)}
+
+
 def tree_rss(root: int) -> dict[str, int]:
     """Resident bytes of ``root`` and every process below it, now, by ``pid command``."""
     found = {}
     for pid in _descendants(root):
         try:
-            status = Path(f"/proc/{pid}/status").read_text().splitlines()
-        except OSError:
+            fields = _status_fields(pid)
+        except OSError:  # it ended since the listing
             continue
-        fields = dict(line.split(":", 1) for line in status if ":" in line)
         if "VmRSS" in fields:
             # Anonymous, file-backed, shared and high-water resident kB: which kind of memory the peak is.
             kinds = "/".join(
                 fields.get(kind, "? kB").split()[0] for kind in ("RssAnon", "RssFile", "RssShmem", "VmHWM")
             )
-            name = f"{pid} {fields['Name'].strip()} anon/file/shmem/hwm kB {kinds}"
+            name = f"{pid} {fields['Name']} anon/file/shmem/hwm kB {kinds}"
             found[name] = int(fields["VmRSS"].split()[0]) * 1024
     return found
 
@@ -223,8 +229,8 @@ def resident_gib() -> tuple[float, float]:
     """(resident now, peak resident so far) of this process in GiB."""
     import resource
 
-    now = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:"))
-    return int(now.split()[1]) / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    now_kib = int(_status_fields("self")["VmRSS"].split()[0])
+    return now_kib / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def host_stages_callback() -> Any:

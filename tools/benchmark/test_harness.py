@@ -296,3 +296,23 @@ def test_variants_are_the_plain_run_with_an_environment() -> None:
         assert resolve(PRESETS[preset])
     with pytest.raises(SystemExit, match="Unknown variant"):
         resolve(["trainer:fsdp@nonsense"])
+
+
+def test_resident_memory_of_a_rank_and_of_the_tree_read_the_same_status_fields() -> None:
+    """``resident_gib`` (a rank's stages) and ``tree_rss`` (the host sampler) read one parse of /proc's status."""
+    import os
+
+    from tools.benchmark.memory_accuracy import resident_gib, tree_rss
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        now, peak = resident_gib()
+        tree = tree_rss(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert now > 0 and peak > 0.9 * now  # getrusage's peak may trail VmRSS by the last few pages
+    ours = [(name, size) for name, size in tree.items() if name.startswith(f"{os.getpid()} ")]
+    assert len(ours) == 1 and abs(ours[0][1] / 2**30 - now) < 0.1  # the same VmRSS, read a moment apart
+    assert any(name.startswith(f"{child.pid} sleep anon/file/shmem/hwm kB ") for name in tree), tree
+    assert all("?" not in name for name in tree)  # every kind of resident memory was found in the status

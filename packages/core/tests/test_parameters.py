@@ -13,6 +13,7 @@ from lightning_strategies.parameters import (
     ObsoleteParameterWarning,
     check_choice,
     check_type,
+    constructor_for,
     rename_parameter,
     warn_obsolete_parameter,
 )
@@ -99,6 +100,36 @@ def test_a_renamed_constructor_is_the_body_under_the_faces_name() -> None:
         rename_parameter(_Body.__init__, "accuracy", "precision_plugin")
 
 
+class _TrainerFace(_Body, _Base):
+    __init__ = constructor_for(__qualname__, _Body.__init__, precision="precision_plugin")
+
+
+class _FabricFace(_Body, _Base):
+    __init__ = constructor_for(__qualname__, _Body.__init__)
+
+
+def test_each_face_constructor_is_the_body_under_the_faces_own_name() -> None:
+    """Python words a wrong call after the code's qualified name: the face the user called, never the body."""
+    assert list(inspect.signature(_TrainerFace).parameters) == ["stage", "precision_plugin", "debug"]
+    assert inspect.signature(_FabricFace) == inspect.signature(_Body)
+    face = _TrainerFace(3, "plugin", debug=True)
+    assert (face.stage, face.given, face.debug) == (3, "plugin", True)  # super() inside still skips the body
+    assert _FabricFace(precision="plugin").given == "plugin"
+    for face_class, name in [(_TrainerFace, "_TrainerFace"), (_FabricFace, "_FabricFace")]:
+        assert face_class.__init__.__qualname__ == f"{name}.__init__"
+        with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got an unexpected keyword argument 'stag'"):
+            face_class(stag=3)
+        with pytest.raises(TypeError, match=rf"^{name}\.__init__\(\) got multiple values for argument 'stage'"):
+            face_class(1, stage=2)
+    with pytest.raises(TypeError, match=r"^_TrainerFace\.__init__\(\) got an unexpected keyword argument 'precision'"):
+        _TrainerFace(precision="the other entry point's name")
+    assert _Body.__init__.__qualname__ == "_Body.__init__"  # the body keeps its own
+    with pytest.raises(ValueError, match=r"constructor_for\('_Face', _Body.__init__, accuracy='precision_plugin'\): "):
+        constructor_for("_Face", _Body.__init__, accuracy="precision_plugin")
+    with pytest.raises(ValueError, match=r"'debug' a name it does not use yet"):
+        constructor_for("_Face", _Body.__init__, precision="debug")
+
+
 def test_check_trainer_and_fabric_agree_names_the_parameter_that_differs() -> None:
     class _Fabric(_Body):
         pass
@@ -129,13 +160,15 @@ def test_parameter_docs_follow_a_shared_body_and_its_renaming(tmp_path, monkeypa
     )
     (package / "faces.py").write_text(
         "from collections import OrderedDict\n"
-        "from lightning_strategies import rename_parameter\n"
+        "from lightning_strategies import constructor_for, rename_parameter\n"
         "from .body import Body\n\n"
         "class Trainer(Body):\n"
         '    """Args:\n        precision_plugin: The Trainer\'s plugin.\n    """\n'
         '    __init__ = rename_parameter(Body.__init__, "precision", "precision_plugin")\n\n'
         "class Fabric(Body):\n"
         "    pass\n\n"
+        "class Named(Body):\n"
+        '    __init__ = constructor_for(__qualname__, Body.__init__, precision="precision_plugin", stage="level")\n\n'
         "class Elsewhere(OrderedDict):\n"
         "    pass\n"
     )
@@ -146,4 +179,6 @@ def test_parameter_docs_follow_a_shared_body_and_its_renaming(tmp_path, monkeypa
         ("precision_plugin", "None", "The Trainer's plugin."),
     ]
     assert [doc.name for doc in parameter_docs("two_faces.faces:Fabric")] == ["stage", "precision"]
+    named = parameter_docs("two_faces.faces:Named")
+    assert [(doc.name, doc.meaning) for doc in named] == [("level", "The ZeRO stage."), ("precision_plugin", "")]
     assert parameter_docs("two_faces.faces:Elsewhere") == []  # a base outside the package is not looked up

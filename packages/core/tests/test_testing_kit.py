@@ -3,6 +3,7 @@ errors, and the checks each package makes of its plugin against core."""
 
 from __future__ import annotations
 
+import ast
 import json
 import socket
 import sys
@@ -10,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+import lightning_strategies.conformance
 from lightning_strategies import hookimpl
 from lightning_strategies.checkpoints import FILE, CheckpointFormat, identify
 from lightning_strategies.plugins import register_plugin
 from lightning_strategies.registry import StrategyRegistry
 from lightning_strategies.testing import (
     ANOTHER_PACKAGE,
+    QUIET_TRAINER,
     ScriptFailed,
     another_packages_checkpoint,
     assert_install_hints_match,
@@ -32,6 +35,25 @@ from lightning_strategies.testing import (
 def test_the_plugin_registers_the_gpu_and_tpu_markers(pytestconfig: pytest.Config) -> None:
     declared = {line.split(":", 1)[0] for line in pytestconfig.getini("markers")}
     assert {"gpu", "tpu"} <= declared
+
+
+def test_the_conformance_kit_defines_the_quiet_trainer_the_test_kit_offers() -> None:
+    """The suite's runs are library code: they take the quiet Trainer arguments from the conformance package, which
+    the pytest kit re-exports for packages' scripts, not the other way round."""
+    from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER as defined
+
+    assert QUIET_TRAINER is defined
+    assert QUIET_TRAINER["logger"] is False
+    folder = Path(lightning_strategies.conformance.__file__).parent
+    taken_from_the_test_kit = [
+        f"{path.name}: {alias.name}"
+        for path in sorted(folder.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.module == "lightning_strategies.testing"
+        for alias in node.names
+        if alias.name == "QUIET_TRAINER"
+    ]
+    assert not taken_from_the_test_kit
 
 
 def test_a_free_port_can_be_listened_on() -> None:

@@ -234,6 +234,17 @@ def test_trainer_and_fabric_constructors_agree():
 
 
 @pytest.mark.parametrize("strategy_class", [DeepSpeedStrategy, DeepSpeedFabricStrategy])
+def test_a_wrong_call_names_the_class_the_user_called(strategy_class):
+    """Python words these errors after the constructor's code: each face's copy carries the face's name, not the
+    body's, which users never see."""
+    face = strategy_class.__qualname__
+    with pytest.raises(TypeError, match=rf"^{face}\.__init__\(\) got an unexpected keyword argument 'stag'"):
+        strategy_class(stag=3)
+    with pytest.raises(TypeError, match=rf"^{face}\.__init__\(\) got multiple values for argument 'accelerator'"):
+        strategy_class(None, accelerator=None)
+
+
+@pytest.mark.parametrize("strategy_class", [DeepSpeedStrategy, DeepSpeedFabricStrategy])
 def test_constructor_defaults_are_those_of_defaults_py(strategy_class):
     parameters = inspect.signature(strategy_class).parameters
     assert {name: parameters[name].default for name in DEFAULTS if name in parameters} == DEFAULTS

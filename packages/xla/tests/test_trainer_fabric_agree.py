@@ -24,6 +24,18 @@ def test_trainer_and_fabric_constructors_agree(name: str) -> None:
     assert {"debug", "precision_plugin"} <= set(inspect.signature(trainer_class).parameters)
 
 
+@pytest.mark.parametrize("face", [strategy, fabric])
+def test_a_wrong_call_names_the_class_the_user_called(face: object) -> None:
+    """Python words these errors after the constructor's code: each face's copy carries the face's name, not the
+    body's, which users never see. Both are raised while Python binds the arguments, before torch_xla is needed.
+    (XLAStrategy takes ``**kwargs`` and refuses unknown ones itself, after looking for torch_xla.)"""
+    single, multi = face.SingleDeviceXLAStrategy, face.XLAStrategy  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"^SingleDeviceXLAStrategy\.__init__\(\) got an unexpected keyword argument"):
+        single(stag=3)
+    with pytest.raises(TypeError, match=r"^XLAStrategy\.__init__\(\) got multiple values for argument 'accelerator'"):
+        multi(None, accelerator=None)
+
+
 def test_fabric_module_imports_no_trainer_module() -> None:
     """``import lightning.fabric`` itself imports lightning.pytorch (lightning/__init__.py imports the Trainer), so
     what a Fabric program can be spared is this package's Trainer modules: the strategies, the Trainer's precision

@@ -22,6 +22,7 @@ from lightning_strategies.parameters import (
     ObsoleteParameterWarning,
     check_choice,
     check_type,
+    constructor_for,
     rename_parameter,
     warn_obsolete_parameter,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "activate",
     "check_choice",
     "check_type",
+    "constructor_for",
     "get_registry",
     "hookimpl",
     "plan",

@@ -4,7 +4,8 @@
 meaning. The class's source is parsed: ``__init__``'s defaults, and the Google-style ``Args:``
 section of the class or ``__init__`` docstring. A class that writes no ``__init__`` of its own has the one of
 its first base that does (a body shared by a Trainer and a Fabric strategy), or, where it assigns
-``__init__ = rename_parameter(Base.__init__, "old", "new")``, that one with the parameter renamed.
+``__init__ = constructor_for(__qualname__, Base.__init__, old="new")`` or
+``__init__ = rename_parameter(Base.__init__, "old", "new")``, that one with the parameters renamed.
 """
 
 from __future__ import annotations
@@ -100,12 +101,12 @@ def _class_parameters(node: ast.ClassDef, module: _Module, depth: int) -> list[P
 def _inherited_parameters(node: ast.ClassDef, module: _Module, depth: int) -> list[ParameterDoc]:
     if depth >= _MAX_DEPTH:
         return []
-    renamed = _renamed_constructor(node)
-    if renamed is not None:
-        base_name, old, new = renamed
+    copied = _copied_constructor(node)
+    if copied is not None:
+        base_name, renamed = copied
         target = module.target_of(base_name)
         documented = parameter_docs(target, depth + 1) if target else []
-        return [ParameterDoc(new, doc.default, doc.meaning) if doc.name == old else doc for doc in documented]
+        return [ParameterDoc(renamed.get(doc.name, doc.name), doc.default, doc.meaning) for doc in documented]
     for base in node.bases:
         target = module.target_of(base.id) if isinstance(base, ast.Name) else None
         documented = parameter_docs(target, depth + 1) if target else []
@@ -114,23 +115,34 @@ def _inherited_parameters(node: ast.ClassDef, module: _Module, depth: int) -> li
     return []
 
 
-def _renamed_constructor(node: ast.ClassDef) -> tuple[str, str, str] | None:
-    """(base, old, new) of ``__init__ = rename_parameter(Base.__init__, "old", "new")`` in the class body."""
+def _copied_constructor(node: ast.ClassDef) -> tuple[str, dict[str, str]] | None:
+    """(base, {old: new}) of ``__init__ = constructor_for(__qualname__, Base.__init__, old="new")`` or of
+    ``__init__ = rename_parameter(Base.__init__, "old", "new")`` in the class body."""
     for item in node.body:
         if not (isinstance(item, ast.Assign) and [ast.unparse(target) for target in item.targets] == ["__init__"]):
             continue
         call = item.value
-        if not (isinstance(call, ast.Call) and ast.unparse(call.func).endswith("rename_parameter")):
+        if not isinstance(call, ast.Call):
             continue
-        function, *names = call.args
-        if (
-            isinstance(function, ast.Attribute)
-            and isinstance(function.value, ast.Name)
-            and len(names) == 2
-            and all(isinstance(name, ast.Constant) and isinstance(name.value, str) for name in names)
-        ):
-            return function.value.id, names[0].value, names[1].value  # type: ignore[attr-defined]
+        helper = ast.unparse(call.func).rpartition(".")[2]
+        if helper == "constructor_for" and len(call.args) == 2:
+            function, names = call.args[1], [(keyword.arg, keyword.value) for keyword in call.keywords]
+        elif helper == "rename_parameter" and len(call.args) == 3:
+            function, names = call.args[0], [(_string(call.args[1]), call.args[2])]
+        else:
+            continue
+        renamed = {
+            old: new.value
+            for old, new in names
+            if old is not None and isinstance(new, ast.Constant) and isinstance(new.value, str)
+        }
+        if isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name) and len(renamed) == len(names):
+            return function.value.id, renamed
     return None
+
+
+def _string(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def _args_section(docstring: str) -> dict[str, str]:

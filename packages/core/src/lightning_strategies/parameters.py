@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import types
 import warnings
 from collections.abc import Callable, Iterable
@@ -53,26 +54,52 @@ def rename_parameter(function: Callable[..., Any], old: str, new: str) -> Callab
     classes name one parameter differently (``precision_plugin`` and ``precision``). The copy is a plain function,
     not a wrapper over ``**kwargs``, so ``inspect.signature``, LightningCLI and ``lightning-strategies info`` read
     the face's full signature, and a call with the other entry point's name is refused as Python refuses any
-    unknown keyword.
+    unknown keyword. ``constructor_for`` does the same and names the copy after the face, as users' errors should.
     """
+    return _copy(
+        function, function.__qualname__, {old: new}, f"rename_parameter({function.__qualname__}, {old!r}, {new!r})"
+    )
+
+
+def constructor_for(face: str, constructor: Callable[..., Any], /, **renamed: str) -> Callable[..., Any]:
+    """A copy of ``constructor`` (written once in a body) that is the constructor of the class named ``face``.
+
+    Written in the face's class body as ``__init__ = constructor_for(__qualname__, Body.__init__)``, adding
+    ``precision="precision_plugin"`` on a Trainer face whose Lightning base names that parameter so. Python words a
+    wrong call (an unknown or repeated keyword, a missing argument) after the code's qualified name, so the copy is
+    the face's: ``DeepSpeedStrategy.__init__() got an unexpected keyword argument 'stag'`` names the class the user
+    called, not a body they never see. Everything else is the body's: defaults, annotations, docstring and the
+    ``__class__`` cell, so ``super()`` inside still means the body's next class.
+    """
+    renames = ", ".join(f"{old}={new!r}" for old, new in renamed.items())
+    caller = f"constructor_for({face!r}, {constructor.__qualname__}{', ' if renames else ''}{renames})"
+    return _copy(constructor, f"{face}.{constructor.__name__}", renamed, caller)
+
+
+def _copy(function: Callable[..., Any], qualname: str, renamed: dict[str, str], caller: str) -> Callable[..., Any]:
+    """``function``'s code, defaults and closure under ``qualname``, each parameter ``old`` in ``renamed`` called
+    ``new``; ``caller`` is the call named in the error when a name cannot be changed."""
     code = function.__code__
     arguments = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    if old not in arguments or new in code.co_varnames:
-        raise ValueError(
-            f"rename_parameter({function.__qualname__}, {old!r}, {new!r}): {old!r} must be one of its parameters "
-            f"({', '.join(arguments)}) and {new!r} a name it does not use yet."
-        )
-    names = tuple(new if name == old else name for name in code.co_varnames)
-    renamed = types.FunctionType(
-        code.replace(co_varnames=names),
+    for old, new in renamed.items():
+        if old not in arguments or new in code.co_varnames or list(renamed.values()).count(new) > 1:
+            raise ValueError(
+                f"{caller}: {old!r} must be one of its parameters ({', '.join(arguments)}) and {new!r} a name it "
+                "does not use yet, given once."
+            )
+    code = code.replace(co_varnames=tuple(renamed.get(name, name) for name in code.co_varnames))
+    if sys.version_info >= (3, 11):  # from 3.11 a wrong call is worded after the code's name, before by the function's
+        code = code.replace(co_qualname=qualname)
+    copy = types.FunctionType(
+        code,
         function.__globals__,
         function.__name__,
         function.__defaults__,
         function.__closure__,  # keeps the __class__ cell, so super() inside still means the defining class
     )
-    renamed.__kwdefaults__ = function.__kwdefaults__
-    renamed.__annotations__ = {new if name == old else name: kind for name, kind in function.__annotations__.items()}
-    renamed.__doc__ = function.__doc__
-    renamed.__module__ = function.__module__
-    renamed.__qualname__ = function.__qualname__
-    return renamed
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__annotations__ = {renamed.get(name, name): kind for name, kind in function.__annotations__.items()}
+    copy.__doc__ = function.__doc__
+    copy.__module__ = function.__module__
+    copy.__qualname__ = qualname
+    return copy

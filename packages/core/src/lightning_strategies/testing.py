@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
+from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 from lightning_strategies.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -50,15 +51,6 @@ ANOTHER_PACKAGE = {
     "description": "another package's checkpoint",
     "read_by": "another package's strategies",
     "to_full_weights": "`another-package-convert {path} full.ckpt` writes one file of full weights",
-}
-
-# Trainer arguments for a run whose output is what it records, not what Lightning prints or logs. Checkpointing
-# stays each run's own choice: some runs check the checkpoints Lightning writes.
-QUIET_TRAINER: dict[str, Any] = {
-    "logger": False,
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
 }
 
 # Enough of a failed run's output to show the traceback and what the other ranks said before it.

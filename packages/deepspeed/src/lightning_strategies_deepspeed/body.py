@@ -5,9 +5,10 @@
 (``lightning.pytorch``), so the Fabric strategy loads without it.
 
 The constructor is written once, here, with the parameters of Lightning's DeepSpeed strategies in their order
-and the DeepSpeed settings' defaults of ``defaults.py``. Fabric's strategy has it as written; the Trainer's has it
-with ``precision`` named ``precision_plugin`` (``rename_parameter``), as each entry point's ``DDPStrategy`` names
-it. ``tests/test_parameters.py`` holds the two signatures in agreement.
+and the DeepSpeed settings' defaults of ``defaults.py``. Each face takes a copy under its own name (core's
+``constructor_for``, so a wrong call's error names the class the user called): Fabric's as written, the Trainer's
+with ``precision`` named ``precision_plugin``, as each entry point's ``DDPStrategy`` names it.
+``tests/test_parameters.py`` holds the two signatures in agreement.
 """
 
 from __future__ import annotations

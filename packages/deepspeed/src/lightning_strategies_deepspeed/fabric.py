@@ -23,7 +23,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from lightning_strategies import check_choice
+from lightning_strategies import check_choice, constructor_for
 from lightning_strategies.checkpoints import weights_only_keyword
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
@@ -64,6 +64,8 @@ def _to_floating_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     """Fabric's DeepSpeed strategy; the parameters are those of the Trainer's DeepSpeedStrategy."""
 
+    # The body's constructor under this class's name, which Python's errors for a wrong call then name.
+    __init__ = constructor_for(__qualname__, DeepSpeedBody.__init__)
     _own_precision_given = False  # read by the precision setter, which the base constructor calls
     precision_keyword = "precision"
 

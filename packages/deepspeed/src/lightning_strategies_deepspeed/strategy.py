@@ -26,7 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 
-from lightning_strategies import CheckpointError, MissingBackendError, rename_parameter
+from lightning_strategies import CheckpointError, MissingBackendError, constructor_for
 from lightning_strategies.checkpoints import remove
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -48,8 +48,9 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
 
     strategy_name = "deepspeed"
 
-    # Lightning's Trainer strategies take the precision plugin as ``precision_plugin``: the body's constructor so named.
-    __init__ = rename_parameter(DeepSpeedBody.__init__, "precision", "precision_plugin")
+    # The body's constructor under this class's name (Python's errors for a wrong call name it), with precision
+    # named as Lightning's Trainer strategies take it.
+    __init__ = constructor_for(__qualname__, DeepSpeedBody.__init__, precision="precision_plugin")
     precision_keyword = "precision_plugin"
     _full_weights_pending = False
 

@@ -3,9 +3,10 @@ checkpoint writing, written once. ``strategy.py`` and ``fabric.py`` are thin fac
 method names and signatures. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free of Trainer
 modules.
 
-The constructor takes Lightning's FSDPStrategy parameters (``options.py`` maps them onto FSDP2). Fabric's strategy
-has it as written; the Trainer's has it with ``precision`` named ``precision_plugin`` (``rename_parameter``), as each
-entry point's ``ParallelStrategy`` names it. tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
+The constructor takes Lightning's FSDPStrategy parameters (``options.py`` maps them onto FSDP2). Each face takes a
+copy under its own name (core's ``constructor_for``, so a wrong call's error names the class the user called):
+Fabric's as written, the Trainer's with ``precision`` named ``precision_plugin``, as each entry point's
+``ParallelStrategy`` names it. tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import load_file
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
@@ -30,6 +31,8 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
 
     launcher_class = _SubprocessScriptLauncher
 
+    # The body's constructor under this class's name, which Python's errors for a wrong call then name.
+    __init__ = constructor_for(__qualname__, FSDP2Body.__init__)
     precision_keyword = "precision"
 
     def _finish_init(self) -> None:

@@ -28,7 +28,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 
-from lightning_strategies import rename_parameter
+from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import reads_torch_save_files, remove
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -61,8 +61,9 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
     strategy_name = "fsdp"
     launcher_class = _SubprocessScriptLauncher
 
-    # Lightning's Trainer strategies take the precision plugin as ``precision_plugin``: the body's constructor so named.
-    __init__ = rename_parameter(FSDP2Body.__init__, "precision", "precision_plugin")
+    # The body's constructor under this class's name (Python's errors for a wrong call name it), with precision
+    # named as Lightning's Trainer strategies take it.
+    __init__ = constructor_for(__qualname__, FSDP2Body.__init__, precision="precision_plugin")
     precision_keyword = "precision_plugin"
 
     def _precision_flag(self) -> str:

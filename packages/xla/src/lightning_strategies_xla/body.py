@@ -3,8 +3,9 @@ switch and the checkpoint steps they take alike. ``strategy.py`` and ``fabric.py
 Lightning's base classes of its entry point. Nothing here imports ``lightning.pytorch``, so the Fabric face stays free
 of Trainer modules.
 
-Each constructor is written once, here. Fabric's strategies have it as written; the Trainer's have it with
-``precision`` named ``precision_plugin`` (``rename_parameter``), as each entry point's Lightning classes name it.
+Each constructor is written once, here, and each face takes a copy under its own name (core's ``constructor_for``,
+so a wrong call's error names the class the user called): Fabric's as written, the Trainer's with ``precision`` named
+``precision_plugin``, as each entry point's Lightning classes name it.
 tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
 """
 

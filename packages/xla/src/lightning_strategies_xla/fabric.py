@@ -21,6 +21,7 @@ from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
 
+from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import (
     recover_before_load,
     staged_save,
@@ -101,6 +102,8 @@ class _OneFileCheckpointsMixin(OneFileCheckpointsMixin):
 class XLAStrategy(XLABody, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningXLAStrategy):
     """Fabric's data parallel over every XLA device, one process per device (``debug``, ``sync_module_states``)."""
 
+    # The body's constructor under this class's name, which Python's errors for a wrong call then name.
+    __init__ = constructor_for(__qualname__, XLABody.__init__)
     precision_keyword = "precision"
 
 
@@ -108,6 +111,9 @@ class SingleDeviceXLAStrategy(
     SingleDeviceXLABody, _OneFileCheckpointsMixin, _CurrentXLAMixin, LightningSingleDeviceXLAStrategy
 ):
     """Fabric on one XLA device; ``device`` is an index (None: the first)."""
+
+    # The body's constructor under this class's name, which Python's errors for a wrong call then name.
+    __init__ = constructor_for(__qualname__, SingleDeviceXLABody.__init__)
 
     def _init_lightning_base(self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Any) -> None:
         SingleDeviceStrategy.__init__(self, device, accelerator, checkpoint_io, precision)

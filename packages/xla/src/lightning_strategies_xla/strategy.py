@@ -23,7 +23,7 @@ from lightning.pytorch.strategies.single_xla import (
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
-from lightning_strategies import rename_parameter
+from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_xla.body import (
@@ -82,8 +82,9 @@ class XLAStrategy(XLABody, _CurrentXLAMixin, LightningXLAStrategy):
     """
 
     strategy_name = "xla"
-    # Lightning's Trainer strategies take the precision plugin as ``precision_plugin``: the body's constructor so named.
-    __init__ = rename_parameter(XLABody.__init__, "precision", "precision_plugin")
+    # The body's constructor under this class's name (Python's errors for a wrong call name it), with precision
+    # named as Lightning's Trainer strategies take it.
+    __init__ = constructor_for(__qualname__, XLABody.__init__, precision="precision_plugin")
     precision_keyword = "precision_plugin"
 
 
@@ -96,7 +97,7 @@ class SingleDeviceXLAStrategy(SingleDeviceXLABody, _CurrentXLAMixin, LightningSi
     """
 
     strategy_name = "single_xla"
-    __init__ = rename_parameter(SingleDeviceXLABody.__init__, "precision", "precision_plugin")
+    __init__ = constructor_for(__qualname__, SingleDeviceXLABody.__init__, precision="precision_plugin")
 
     def _init_lightning_base(self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Any) -> None:
         SingleDeviceStrategy.__init__(self, device, accelerator, checkpoint_io, precision_plugin=precision)

@@ -31,7 +31,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer, seed_everythin
 
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.suite import first_optimizer, quiet_lightning, registered_entry
-from lightning_strategies.testing import QUIET_TRAINER
+from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:

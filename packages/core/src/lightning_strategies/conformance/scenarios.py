@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.reliability import CHECKPOINTS, FAILED_AT
 from lightning_strategies.conformance.suite import SuiteOptions, quiet_lightning, run_parser
-from lightning_strategies.testing import QUIET_TRAINER
+from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,8 +23,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from lightning_strategies.conformance.model import SAMPLES, ConformanceModel, loader
 from lightning_strategies.conformance.tolerances import tolerance_for
+from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 from lightning_strategies.registry import StrategyEntry, get_registry
-from lightning_strategies.testing import QUIET_TRAINER
 
 
 @dataclass
