@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,9 @@ CONFIGURATIONS = [
 # backend, every block checkpointed, 16 sequences a step; run with --steps 10 to see the loss fall. Gemini runs in
 # fp16: with bf16 gradients HybridAdam updates CPU-held chunks in plain torch instead of its C++ kernel.
 LARGEST = [
+    # The same settings at 2.7B, with the plan made for a 40 GiB GPU (--gpu-memory 40) so that it offloads a share.
+    Configuration("partial-gemini-2.7b", "colossalai", "2.7b", micro_batch=16, precision="16-mixed",
+                  planned="partial", activation_checkpointing=True),
     Configuration("largest-gemini-13b", "colossalai", "13b", micro_batch=16, precision="16-mixed", planned="partial",
                   activation_checkpointing=True),
     Configuration("largest-ds3-10b", "deepspeed_stage_3", "10b", micro_batch=16, planned="partial",
@@ -111,7 +115,12 @@ def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_
     result = plan_for(workload, machine)
     same = [c for c in result.candidates if c.strategy == configuration.strategy]
     if configuration.planned == "partial":
-        partial = [c for c in same if 0 < c.offloaded_fraction < 1 and c.settings.get("offload_optimizer") is not True]
+        # A share chosen in the settings (placement auto's share is decided at run time, with no settings).
+        partial = [
+            c
+            for c in same
+            if 0 < c.offloaded_fraction < 1 and c.settings and c.settings.get("offload_optimizer") is not True
+        ]
         chosen = [c for c in partial if c.fits] or partial
     else:
         chosen = [c for c in same if c.settings == configuration.settings]
@@ -175,13 +184,19 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.interval, self.peak = root, interval, 0
         self.at_peak: dict[str, int] = {}
+        # (seconds since start, GiB) about every second: with the stages, when the host filled up.
+        self.timeline: list[tuple[float, float]] = []
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        started = time.monotonic()
         while not self.stopped.is_set():
             now = tree_rss(self.root)
             if sum(now.values()) > self.peak:
                 self.peak, self.at_peak = sum(now.values()), now
+            elapsed = time.monotonic() - started
+            if not self.timeline or elapsed - self.timeline[-1][0] >= 1.0:
+                self.timeline.append((round(elapsed, 1), round(sum(now.values()) / 2**30, 2)))
             self.stopped.wait(self.interval)
 
     def stop(self) -> int:
@@ -220,8 +235,10 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
         ranks = sorted(Path(scratch).glob("rank-*.json"))
         records = [json.loads(path.read_text()) for path in ranks]
         gpu_peaks = [record["max_memory_allocated"] for record in records]
-        stages = [record["host_stages_gib"] for record in records]
+        stages = [json.loads(path.read_text()) for path in sorted(Path(scratch).glob("stages-*.json"))]
         failure = None if process.returncode == 0 and gpu_peaks else output[-3000:]
+        if failure:
+            print(json.dumps({"host_timeline_gib": sampler.timeline}))
         return gpu_peaks, host_peak, stages, records[0]["speed"] if records else None, failure
 
 
@@ -233,27 +250,40 @@ def resident_gib() -> tuple[float, float]:
     return now_kib / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def host_stages_callback() -> Any:
+def host_stages_callback(path: Path) -> Any:
     """A callback that notes this rank's resident memory as training sets up: where the host peak is reached
-    (before the model, after configure_model and the strategy's setup, after the first step) tells which
-    term of the planner's host prediction is off."""
+    (before the model, after configure_model and the strategy's setup, around the first step's backward and
+    optimizer step) tells which term of the planner's host prediction is off. Written to ``path`` at each
+    stage, so a rank killed for host memory still says how far it got."""
     from lightning.pytorch.callbacks import Callback
 
     class HostStages(Callback):
         def __init__(self) -> None:
-            self.stages = {"before_trainer": resident_gib()}
+            self.stages: dict[str, tuple[float, float]] = {}
+            self.note("before_trainer")
+
+        def note(self, stage: str) -> None:
+            if stage not in self.stages:
+                self.stages[stage] = resident_gib()
+                path.write_text(json.dumps(self.stages))
 
         def setup(self, trainer: Any, module: Any, stage: str) -> None:
-            self.stages["before_configure_model"] = resident_gib()
+            self.note("before_configure_model")
 
         def on_fit_start(self, trainer: Any, module: Any) -> None:
-            self.stages["after_strategy_setup"] = resident_gib()
+            self.note("after_strategy_setup")
+
+        def on_after_backward(self, trainer: Any, module: Any) -> None:
+            self.note("after_first_backward")
+
+        def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.note("after_first_optimizer_step")
 
         def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
-            self.stages.setdefault("after_first_step", resident_gib())
+            self.note("after_first_step")
 
         def on_train_end(self, trainer: Any, module: Any) -> None:
-            self.stages["end"] = resident_gib()
+            self.note("end")
 
     return HostStages()
 
@@ -280,7 +310,10 @@ def child(spec_path: Path) -> None:
         activation_checkpointing=spec["activation_checkpointing"],
     )
     strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
-    stages = host_stages_callback()
+    import torch.distributed
+
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+    stages = host_stages_callback(Path(spec["results"], f"stages-{rank}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
     trainer = Trainer(
         callbacks=[stages, steps],
