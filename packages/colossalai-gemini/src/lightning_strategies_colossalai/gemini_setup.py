@@ -15,6 +15,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_strategies_colossalai.options import GeminiSettings, gemini_plugin_arguments
+from lightning_strategies_colossalai.static_placement import static_placement_by_chunk
 
 
 def run_plugin_arguments(settings: GeminiSettings, precision: str, world_size: int, trainer: Any) -> dict[str, Any]:
@@ -58,5 +59,6 @@ def configure_gemini(
         module: Any = lightning_module
     else:
         module = gemini_model  # a later fit/validate/test of the same model reuses its chunks
-    model, gemini_optimizer, *_ = gemini_plugin.configure(module, optimizer)
+    with static_placement_by_chunk():
+        model, gemini_optimizer, *_ = gemini_plugin.configure(module, optimizer)
     return gemini_plugin, model, gemini_optimizer
