@@ -53,6 +53,9 @@ class Configuration:
     # Every step trains on the same sequences: random tokens cannot be learnt in 10 steps (the loss stays near
     # ln(vocabulary)), one batch can, so a falling loss shows that the optimizer steps reach the weights.
     same_batch: bool = False
+    # Micro-batches per optimizer step (Trainer's accumulate_grad_batches): more tokens for each optimizer step,
+    # which with an offloaded optimizer is what MFU follows. --steps counts optimizer steps.
+    accumulate: int = 1
 
 
 # Sizes that fit one H200 (139 GiB) for each strategy, spread over no offload, partial and full offload.
@@ -82,6 +85,9 @@ LARGEST = [
                   activation_checkpointing=True, same_batch=True),
     Configuration("largest-ds3-10b", "deepspeed_stage_3", "10b", micro_batch=16, planned="partial",
                   activation_checkpointing=True, same_batch=True),
+    # The same with 4 micro-batches an optimizer step: the optimizer's CPU share is paid once per 64k tokens.
+    Configuration("largest-ds3-10b-accumulate-4", "deepspeed_stage_3", "10b", micro_batch=16, planned="partial",
+                  activation_checkpointing=True, same_batch=True, accumulate=4),
 ]  # fmt: skip
 BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST}
 # Small enough for a CPU run of the harness itself (no GPU peak is measured there).
@@ -306,8 +312,8 @@ def child(spec_path: Path) -> None:
         size=spec["size"],
         batch_size=spec["micro_batch"],
         length=spec["length"],
-        warmup_steps=1,
-        timed_steps=spec["steps"] - 1,
+        warmup_steps=spec["accumulate"],  # the first optimizer step's micro-batches
+        timed_steps=(spec["steps"] - 1) * spec["accumulate"],
         devices=spec["devices"],
         accelerator=spec["accelerator"],
         activation_checkpointing=spec["activation_checkpointing"],
@@ -325,6 +331,7 @@ def child(spec_path: Path) -> None:
         strategy=strategy,
         precision=spec["precision"],
         max_steps=spec["steps"],
+        accumulate_grad_batches=spec["accumulate"],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
