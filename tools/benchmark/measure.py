@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tools.benchmark.model import parameter_count, training_flops_per_token
-from tools.benchmark.sizes import SIZES, VOCABULARY
+from tools.benchmark.model import training_flops_per_token
+from tools.benchmark.sizes import SIZES, VOCABULARY, parameter_count
 
 LEARNING_RATE = 1e-4
 GC_FREEZE = "BENCHMARK_GC_FREEZE"  # set by the "gc_frozen" variant (catalogue.VARIANTS)

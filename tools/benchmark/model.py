@@ -77,13 +77,6 @@ class GPT(nn.Module):
         return functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def parameter_count(size: Size, length: int) -> int:
-    """Every parameter of GPT(size, length), counted without building it."""
-    width = size.width
-    block = (3 * width * width + 3 * width) + (width * width + width) + (8 * width * width + 5 * width) + 4 * width
-    return VOCABULARY * width + length * width + size.layers * block + 2 * width + VOCABULARY * width
-
-
 def matmul_parameter_count(size: Size) -> int:
     """Parameters that take part in a matrix multiplication per token: the blocks' weights and the head.
 

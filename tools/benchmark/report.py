@@ -54,15 +54,24 @@ GPU: GPT 1.3B, bf16, 8 x 1024 tokens, 4 warm-up + 10 timed steps, fsdp, deepspee
 colossalai_cuda, each with its partners, all in one session.
 
 **ColossalAI's spread.** Five Trainer runs of colossalai_cuda (1.3B, one H200) once gave 21,339 to
-47,090 tokens/s. What each run records to name the cause: the host-side time of every timed step
-(one long step is a stall, all steps longer is a slower host), the time Python's garbage collector
-ran, and the caching allocator's cudaMalloc/cudaFree calls and retries in the timed steps. Gemini
-drives every operation on a parameter from Python hooks and, every step, re-allocates each chunk's
-gathered buffer, its gradient buffer and a new shard (partly on its asynchronous reduce stream),
-so its speed may well hang on the host and on the allocator more than FSDP2's or DeepSpeed's:
-a hypothesis until a GPU session's records show it. The `colossalai_variants` preset measures the
-plain runs against `@expandable_segments` (the allocator grows segments in place); `@gc_frozen`
-(the collector skips set-up's objects) is there for when a run's collector time is large.
+47,090 tokens/s. Measured again on 2026-11-23 (commit 34dfa0e, one H200, no checkpoint so that five rounds
+fit one call): by hand 42,096 to 50,734 tokens/s (20.5% apart), through the Trainer 39,386 to 47,108 (19.6%);
+medians 45,988 and 44,121, so the Trainer at 0.96 of by hand. What the records rule out and show:
+
+- **Not Lightning's**: Gemini driven by hand spreads as much as through the Trainer.
+- **Not the allocator, not the collector**: no cudaMalloc, cudaFree or allocation retry in any timed step
+  (the caching allocator had every block after warm-up), and at most 0.01 s of garbage collection.
+- **Not a stall**: a slow run is slow in every step (host-side step times of 0.19 to 0.23 s against 0.16 s in a
+  fast one; longest step at most 1.2 x the median).
+- **Not the GPU clock**: the fastest run ended at 1,695 MHz, slower ones at 1,965.
+- Left: the host. Each Gemini step runs per-parameter Python hooks and synchronises (overflow checks), so a
+  step's time follows the CPU the process runs on; the host's load when timing started was 0.6 to 2.1, and the
+  two slowest runs had the higher loads, the fastest the lowest. Pinning the process to cores (a `taskset`
+  variant) would test it; not run. Within 5% over five runs is therefore not met, for ColossalAI by hand either.
+
+With the realistic checkpoint at the end (the session before, 2 rounds of 5 in the time), the Trainer's save
+took 114 to 120 s against 82 to 86 s by hand: gathering a full checkpoint is slower unpinned (the strategy's
+default since 0ca4bdd; host memory 1.8 GiB against 17.1 GiB pinned). Not yet weighed against the memory saved.
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """
@@ -90,7 +99,10 @@ def write(results: Path, page: Path) -> str:
     for summary, records in sessions:
         parts.append(session_section(summary, records, results, page.parent, spread))
     page.write_text("\n".join(parts))
-    return f"wrote {page} from {len(sessions)} result file(s)"
+    from tools.benchmark import memory_plots
+
+    plotted = memory_plots.write(results) if results.is_dir() else []
+    return f"wrote {page} from {len(sessions)} result file(s), and {len(plotted)} plot(s) for which-strategy.md"
 
 
 def session_title(summary: dict[str, Any], records: list[dict[str, Any]]) -> str:

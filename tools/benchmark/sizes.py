@@ -29,3 +29,10 @@ SIZES: dict[str, Size] = {
 }
 # The sizes --search-largest walks through, smallest first.
 SEARCH_ORDER = [name for name in SIZES if name != "tiny"]
+
+
+def parameter_count(size: Size, length: int) -> int:
+    """Every parameter of tools.benchmark.model.GPT(size, length), counted without building it (or torch)."""
+    width = size.width
+    block = (3 * width * width + 3 * width) + (width * width + width) + (8 * width * width + 5 * width) + 4 * width
+    return VOCABULARY * width + length * width + size.layers * block + 2 * width + VOCABULARY * width

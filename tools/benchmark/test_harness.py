@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPOSITORY))
 from tools.benchmark import orchestrate, repeats  # noqa: E402
 from tools.benchmark.catalogue import PRESETS, RUNS, VARIANTS, resolve  # noqa: E402
 from tools.benchmark.measure import classify_failure, peak_bf16_flops  # noqa: E402
-from tools.benchmark.model import GPT, parameter_count, training_flops_per_token  # noqa: E402
-from tools.benchmark.sizes import SIZES  # noqa: E402
+from tools.benchmark.model import GPT, training_flops_per_token  # noqa: E402
+from tools.benchmark.sizes import SIZES, parameter_count  # noqa: E402
 
 TINY = ["--accelerator", "cpu", "--size", "tiny", "--batch-size", "2", "--length", "32",
         "--warmup-steps", "1", "--timed-steps", "2"]  # fmt: skip
@@ -107,6 +107,24 @@ def test_report_writes_tables_and_plots_from_the_results(cpu_session, tmp_path: 
     trainer = next(r for r in records if r["run"] == "trainer:fsdp" and r["devices"] == 1)
     assert f"{trainer['tokens_per_second']:,.0f}" in text
     assert (out / "cpu-throughput.png").stat().st_size > 0 and (out / "cpu-memory.png").stat().st_size > 0
+
+
+def test_which_strategy_plots_keep_the_newest_measurement_of_each_trained_configuration(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from tools.benchmark import memory_plots
+
+    def record(id_: str, size: str, gpu: float | None, speed: dict | None = None, failure: str | None = None) -> dict:
+        return {"id": id_, "strategy": "colossalai", "size": size, "length": 1024, "gpu_measured_gib": gpu,
+                "host_measured_gib": 3.0, "speed": speed, "failure": failure}  # fmt: skip
+
+    (tmp_path / "2026-01-01-memory-accuracy.json").write_text(json.dumps([record("a", "1.3b", 30.0)]))
+    newer = [record("a", "1.3b", 31.0, {"tokens_per_second": 4e4}), record("b", "125m", None, failure="killed")]
+    (tmp_path / "2026-01-02-memory-accuracy.json").write_text(json.dumps(newer))
+    kept = memory_plots.measured_configurations(tmp_path)
+    assert [(r["id"], r["gpu_measured_gib"]) for r in kept] == [("a", 31.0)]  # the failed one is left out
+    written = memory_plots.write(tmp_path)
+    assert [path.name for path in written] == ["which-strategy-memory.png", "which-strategy-throughput.png"]
+    assert all(path.stat().st_size > 0 for path in written)
 
 
 def test_report_without_results_says_none_were_measured(tmp_path: Path) -> None:
