@@ -15,7 +15,15 @@ from conftest import clean_environment
 from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.memory import ZeroSetting, candidates, choose_offload_ratio, predict
+from lightning_strategies_deepspeed.memory import (
+    HOST_GRADIENT_BYTES,
+    OFFLOAD_HOST_OVERHEAD_BYTES,
+    PARTIAL_OFFLOAD_HOST_BYTES,
+    ZeroSetting,
+    candidates,
+    choose_offload_ratio,
+    predict,
+)
 
 HERE = Path(__file__).parent
 ISSUE_MACHINE = Machine(gpus=1, gpu_memory_bytes=139 * GIB, host_memory_bytes=128 * GIB)  # one H200
@@ -55,6 +63,9 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     # is backward's start, with the activations alive; the fp32 gradients of the step come after them.
     moved = none.gpu_bytes - half.gpu_bytes
     assert moved == pytest.approx(0.5 * (12 + 2) * workload.parameters, rel=0.001)
+    # On the host: the offloaded states, their fp32 gradients, staging, and what a partial offload adds.
+    per_offloaded = 12 + HOST_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES + PARTIAL_OFFLOAD_HOST_BYTES
+    assert half.host_bytes - host_base_bytes(1) == pytest.approx(0.5 * per_offloaded * workload.parameters, rel=0.001)
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
 
