@@ -70,7 +70,8 @@ class RecordSteps(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs: Any, *arguments: Any) -> None:
         assert self.recorder is not None
-        self.recorder.step_ended(outputs["loss"])
+        # Lightning hands back the loss divided by accumulate_grad_batches (what backward saw); record the model's.
+        self.recorder.step_ended(outputs["loss"] * trainer.accumulate_grad_batches)
 
     def on_train_epoch_end(self, trainer: Trainer, module: LightningModule) -> None:
         self.epoch_ended_at = time.perf_counter()

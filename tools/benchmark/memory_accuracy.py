@@ -274,7 +274,10 @@ def host_stages_callback(path: Path) -> Any:
         def note(self, stage: str) -> None:
             if stage not in self.stages:
                 self.stages[stage] = resident_gib()
-                path.write_text(json.dumps(self.stages))
+                # Replaced whole, so a rank killed while writing leaves the previous stages readable.
+                partial = path.with_suffix(".partial")
+                partial.write_text(json.dumps(self.stages))
+                os.replace(partial, path)
 
         def setup(self, trainer: Any, module: Any, stage: str) -> None:
             self.note("before_configure_model")
@@ -282,14 +285,18 @@ def host_stages_callback(path: Path) -> Any:
         def on_fit_start(self, trainer: Any, module: Any) -> None:
             self.note("after_strategy_setup")
 
+        def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.note("after_first_forward")  # Lightning zeroes gradients between forward and backward
+
         def on_after_backward(self, trainer: Any, module: Any) -> None:
             self.note("after_first_backward")
 
-        def on_before_zero_grad(self, trainer: Any, module: Any, optimizer: Any) -> None:
-            self.note("after_first_optimizer_step")
+        def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+            self.note("before_first_optimizer_step")
 
         def on_train_batch_end(self, trainer: Any, module: Any, *args: Any) -> None:
-            self.note("after_first_step")
+            if trainer.global_step >= 1:  # with accumulation, the first micro-batches end before any step
+                self.note("after_first_step")
 
         def on_train_end(self, trainer: Any, module: Any) -> None:
             self.note("end")
@@ -319,8 +326,6 @@ def child(spec_path: Path) -> None:
         activation_checkpointing=spec["activation_checkpointing"],
     )
     strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
-    import torch.distributed
-
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     stages = host_stages_callback(Path(spec["results"], f"stages-{rank}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
@@ -351,7 +356,8 @@ def child(spec_path: Path) -> None:
 
 
 def speed(steps: Any) -> dict[str, Any] | None:
-    """tokens/s, MFU and the losses of the steps after the first (None where fewer than two steps ran)."""
+    """tokens/s, MFU and every micro-batch's loss (None where fewer than two steps ran); seconds_per_step is per
+    micro-batch."""
     if steps.recorder is None or steps.workload.timed_steps < 1:
         return None
     result = steps.recorder.result()

@@ -62,16 +62,18 @@ medians 45,988 and 44,121, so the Trainer at 0.96 of by hand. What the records r
 - **Not the allocator, not the collector**: no cudaMalloc, cudaFree or allocation retry in any timed step
   (the caching allocator had every block after warm-up), and at most 0.01 s of garbage collection.
 - **Not a stall**: a slow run is slow in every step (host-side step times of 0.19 to 0.23 s against 0.16 s in a
-  fast one; longest step at most 1.2 x the median).
+  fast one; longest step at most 1.3 x the median).
 - **Not the GPU clock**: the fastest run ended at 1,695 MHz, slower ones at 1,965.
-- Left: the host. Each Gemini step runs per-parameter Python hooks and synchronises (overflow checks), so a
-  step's time follows the CPU the process runs on; the host's load when timing started was 0.6 to 2.1, and the
-  two slowest runs had the higher loads, the fastest the lowest. Pinning the process to cores (a `taskset`
-  variant) would test it; not run. Within 5% over five runs is therefore not met, for ColossalAI by hand either.
+- Left, a hypothesis: the host. Each Gemini step runs per-parameter Python hooks and synchronises (overflow
+  checks), so a step's time may follow the CPU the process runs on. The host's load when timing started (0.6 to
+  2.1) does not settle it: by hand the fastest run had the lowest load, through the Trainer the fastest had a
+  middling one. Pinning the process to cores (a `taskset` variant) would test it; not run. Within 5% over five
+  runs is therefore not met, for ColossalAI by hand either.
 
 With the realistic checkpoint at the end (the session before, 2 rounds of 5 in the time), the Trainer's save
-took 114 to 120 s against 82 to 86 s by hand: gathering a full checkpoint is slower unpinned (the strategy's
-default since 0ca4bdd; host memory 1.8 GiB against 17.1 GiB pinned). Not yet weighed against the memory saved.
+took 114 to 120 s against 82 to 86 s by hand. The Trainer's run is unpinned (the strategy's default for this
+placement since 0ca4bdd; its peak host memory 1.8 GiB against 17.1 GiB by hand, pinned): a possible cause, not
+isolated (no pinned Trainer run was measured).
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """

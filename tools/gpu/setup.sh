@@ -55,6 +55,8 @@ if compgen -G "$repo/.kernels/kernels.tar.gz.part-*" >/dev/null && [ ! -e /tmp/c
   # tar keeps the objects' own times: ninja's log of dependencies records them, and an object touched since
   # counts as out of date (it was, when an earlier setup.sh touched the whole cache).
   if cat "$repo"/.kernels/kernels.tar.gz.part-* | tar -xzPf -; then
+    # A lock packed by an older tier.sh would make every rank wait for a build that never runs.
+    find "${kernel_caches[@]}" -name lock -type f -delete 2>/dev/null || true
     touch /tmp/cache/.unpacked-$stamp
     echo "setup.sh: unpacked the carried kernel cache"
   else

@@ -53,8 +53,8 @@ def build_plugin(arguments):
             },
         ),
         (
-            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.3},
-            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.3},
+            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
+            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 1.0},
         ),
         ({"placement_policy": "static"}, {"placement_policy": "static", "offload_optim_frac": 0.0}),
     ],
@@ -210,11 +210,14 @@ def test_loss_scaler_settings_warn_under_bf16_only():
         ({"placement_policy": "static", "offload_optim_frac": 1.5}, r"must lie between 0 and 1"),
         # GeminiPlugin itself only warns and keeps every parameter chunk on the GPU.
         (
-            {"placement_policy": "static", "offload_optim_frac": 0.5, "offload_param_frac": 0.2},
+            {"placement_policy": "static", "offload_optim_frac": 0.5, "offload_param_frac": 1.0},
             r"once every optimizer state is offloaded.*offload_optim_frac=1.0",
         ),
+        # Gemini evicts parameter chunks only while those leaving exceed the share kept: a share in between
+        # offloads about nothing.
+        ({"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.2}, r"all or none"),
         (
-            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 0.2,
+            {"placement_policy": "static", "offload_optim_frac": 1.0, "offload_param_frac": 1.0,
              "enable_distributed_storage": False},
             r"needs sharded chunks",
         ),
@@ -233,11 +236,17 @@ def test_only_a_placement_that_offloads_optimizer_states_counts_as_offloading():
     assert GeminiSettings(placement_policy="auto").offloads
 
 
-@pytest.mark.parametrize("pin_memory", [False, True])
-def test_chunks_are_pinned_only_when_asked(gloo_world_of_one, pin_memory):
-    """Pinned, GeminiPlugin keeps a host copy of every chunk, the GPU-held ones too; the default leaves the host
-    with only what is offloaded."""
-    arguments = gemini_plugin_arguments(GeminiSettings(placement_policy="cuda", pin_memory=pin_memory), "bf16-mixed", 1)
-    config = build_plugin(arguments).gemini_config
-    assert config["pin_memory"] is pin_memory
-    assert config["enable_async_reduce"] is pin_memory
+@pytest.mark.parametrize(
+    ("placement", "pin_memory", "pinned"),
+    [("cuda", None, False), ("static", None, False), ("auto", None, False), ("cpu", None, True),
+     ("cuda", True, True), ("cpu", False, False)],
+)  # fmt: skip
+def test_chunks_are_pinned_only_where_they_live_on_the_host_or_when_asked(
+    gloo_world_of_one, placement, pin_memory, pinned
+):
+    """Pinned, GeminiPlugin keeps a host copy of every chunk, the GPU-held ones too; by default only placement
+    "cpu", whose chunks live on the host anyway, is pinned."""
+    settings = GeminiSettings(placement_policy=placement, pin_memory=pin_memory)
+    config = build_plugin(gemini_plugin_arguments(settings, "bf16-mixed", 1)).gemini_config
+    assert config["pin_memory"] is pinned
+    assert config["enable_async_reduce"] is pinned

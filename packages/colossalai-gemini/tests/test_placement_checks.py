@@ -44,12 +44,16 @@ def test_chunk_counts():
     assert chunks_with_gpu_master_weights(optimizer) == 2
 
 
-def test_cpu_placement_that_keeps_chunks_on_the_gpu_says_so():
+@pytest.mark.parametrize(
+    "placement", [{"placement_policy": "cpu"}, {"placement_policy": "static", "offload_optim_frac": 0.5}]
+)
+def test_an_offloading_placement_that_keeps_chunks_on_the_gpu_says_so(placement):
     from colossalai.nn.optimizer import HybridAdam
 
     optimizer = gemini_optimizer([chunk("cuda", keep_gathered=True, size=528)], HybridAdam)
-    with pytest.warns(UserWarning, match=r"placement 'cpu' offloads nothing for 528 parameters.*min_chunk_size"):
-        strategy(placement_policy="cpu")._check_placement(trainer(), optimizer)
+    name = placement["placement_policy"]
+    with pytest.warns(UserWarning, match=rf"placement '{name}' offloads nothing for 528 parameters.*min_chunk_size"):
+        strategy(**placement)._check_placement(trainer(), optimizer)
 
 
 @pytest.mark.parametrize(("precision", "clip"), [("16-mixed", None), ("bf16-mixed", 1.0)])

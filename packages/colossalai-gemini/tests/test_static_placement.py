@@ -67,3 +67,11 @@ def test_the_policy_is_gemini_static_only_while_gemini_is_built():
     with static_placement_by_chunk():
         assert PlacementPolicyFactory.create("static").__name__ == "ShareByChunkPlacementPolicy"
     assert PlacementPolicyFactory.create("static") is StaticPlacementPolicy
+
+
+def test_upstreams_policy_is_back_after_a_failed_build():
+    from colossalai.zero.gemini.placement_policy import PlacementPolicyFactory, StaticPlacementPolicy
+
+    with pytest.raises(RuntimeError, match="GeminiDDP failed"), static_placement_by_chunk():
+        raise RuntimeError("GeminiDDP failed")
+    assert PlacementPolicyFactory.create("static") is StaticPlacementPolicy

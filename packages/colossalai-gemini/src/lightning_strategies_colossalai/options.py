@@ -52,13 +52,13 @@ class GeminiSettings:
     state_dict_type: str = "full"
     offload_optim_frac: float | None = None
     offload_param_frac: float | None = None
-    pin_memory: bool = False
+    pin_memory: bool | None = None
 
     def __post_init__(self) -> None:
         check_choice(STRATEGY, "placement_policy", self.placement_policy, PLACEMENTS)
         self._check_offload_fractions()
         check_choice(STRATEGY, "state_dict_type", self.state_dict_type, STATE_DICT_TYPES)
-        for name in ("use_chunk", "enable_distributed_storage", "force_outputs_fp32", "pin_memory"):
+        for name in ("use_chunk", "enable_distributed_storage", "force_outputs_fp32"):
             check_type(STRATEGY, name, getattr(self, name), bool)
         if self.chunk_size is not None:
             _check_positive_int("chunk_size", self.chunk_size)
@@ -103,6 +103,17 @@ class GeminiSettings:
             check_type(STRATEGY, name, value, (int, float))
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{STRATEGY}({name}={value!r}) must lie between 0 and 1.")
+        if self.pin_memory is not None:
+            check_type(STRATEGY, "pin_memory", self.pin_memory, bool)
+        if self.offload_param_frac not in (None, 0, 1):
+            # Gemini offloads parameter chunks only while those being evicted exceed the share kept on the GPU,
+            # which the one or two chunks of the previous operation never do: a share between 0 and 1 offloads
+            # about nothing.
+            raise ValueError(
+                f"{STRATEGY}(offload_param_frac={self.offload_param_frac!r}): ColossalAI 0.5 offloads parameter "
+                "chunks all or none (a share in between stays on the GPU). Pass offload_param_frac=1.0 (with "
+                "offload_optim_frac=1.0, as placement_policy='cpu' does) or 0.0."
+            )
         if (self.offload_param_frac or 0.0) > 0.0 and (self.offload_optim_frac or 0.0) < 1.0:
             # GeminiPlugin only warns and then keeps every parameter chunk on the GPU.
             raise ValueError(
@@ -117,6 +128,12 @@ class GeminiSettings:
                 "enable_distributed_storage=False keeps them whole. Enable distributed storage, or offload the "
                 "optimizer only (offload_param_frac=0.0)."
             )
+
+    @property
+    def pinned(self) -> bool:
+        """``pin_memory``, or by default only for placement "cpu", whose chunks live on the host anyway (the pinned
+        buffers are those chunks; transfers from pinned memory are faster)."""
+        return self.pin_memory if self.pin_memory is not None else self.placement_policy == "cpu"
 
     @property
     def offloads(self) -> bool:
@@ -238,9 +255,10 @@ def gemini_plugin_arguments(
         # GeminiPlugin's default (async reduce, which turns pinning on) keeps a pinned host copy of every chunk,
         # the ones on the GPU too: 6 to 12 bytes per parameter of host memory for the whole run, which keeps a
         # model that offloads a share of its optimizer from fitting the host. Unpinned, host memory holds only
-        # what is offloaded; pin_memory=True restores ColossalAI's default.
-        "enable_async_reduce": settings.pin_memory,
-        "pin_memory": settings.pin_memory,
+        # what is offloaded. The cost: reduce-scatter no longer overlaps on its own stream on several GPUs
+        # (not measured yet). pin_memory=True restores ColossalAI's default.
+        "enable_async_reduce": settings.pinned,
+        "pin_memory": settings.pinned,
         "max_norm": float(gradient_clip_val or 0.0),
         **{name: getattr(settings, name) for name in LOSS_SCALER_DEFAULTS},
     }

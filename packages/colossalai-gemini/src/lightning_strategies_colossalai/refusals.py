@@ -119,9 +119,10 @@ def refuse_weight_averaging(trainer: Any) -> None:
 def check_placement(settings: GeminiSettings, gemini_precision: str, trainer: Any, gemini_optimizer: Any) -> None:
     """Say where Gemini kept chunks on the GPU against the placement, and refuse what CPUAdam cannot step."""
     kept = kept_gathered_parameters(gemini_optimizer)
-    if kept and settings.placement_policy == "cpu":
+    if kept and settings.offloads and settings.placement_policy != "auto":
         rank_zero_warn(
-            f"ColossalAIStrategy: placement 'cpu' offloads nothing for {kept} parameters: Gemini keeps a model "
+            f"ColossalAIStrategy: placement {settings.placement_policy!r} offloads nothing for {kept} parameters: "
+            "Gemini keeps a model "
             f"smaller than min_chunk_size={settings.min_chunk_size} parameters (or any chunk when "
             "enable_distributed_storage=False) gathered on the GPU with its optimizer states. Pass a smaller "
             "min_chunk_size (or a chunk_size with enable_distributed_storage=True) to offload it."

@@ -4,16 +4,19 @@ ColossalAI 0.5.0's StaticPlacementPolicy sizes the offloaded share against the m
 per parameter it holds (``setup_grads_device`` sums ``get_chunk(p).chunk_mem`` over parameters), then walks the
 chunks once each. Its target is therefore many times the real total, and any ``offload_optim_frac`` above zero
 offloads every chunk's optimizer side: measured on an H200, a 2.7B GPT asked to offload 45% held 14 bytes per
-parameter on the host, as full offload does, and a 13B one was killed for host memory. ``offload_param_frac``
-is skewed the same way. The policy here counts each chunk once and walks them in the model's order, so every
-rank picks the same chunks.
+parameter on the host, as full offload does, and a 13B one was killed for host memory. The policy here counts
+each chunk once and walks them in the model's order, so every rank picks the same chunks. (``offload_param_frac``
+is sized the same way; the strategy takes only 0 or 1 for it, since Gemini moves parameter chunks all or none.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Generator
 from typing import Any
+
+_SWAPPING = threading.Lock()
 
 
 def chunks_to_offload(chunks: list[Any], fraction: float) -> set[Any]:
@@ -58,9 +61,11 @@ def static_placement_by_chunk() -> Generator[None, None, None]:
     from colossalai.zero.gemini.placement_policy import PlacementPolicyFactory
 
     policies = PlacementPolicyFactory.policies
-    upstream = policies["static"]
-    policies["static"] = share_by_chunk_policy()
-    try:
-        yield
-    finally:
-        policies["static"] = upstream
+    # The factory's table is the process's: one build at a time, so two threads cannot restore out of order.
+    with _SWAPPING:
+        upstream = policies["static"]
+        policies["static"] = share_by_chunk_policy()
+        try:
+            yield
+        finally:
+            policies["static"] = upstream

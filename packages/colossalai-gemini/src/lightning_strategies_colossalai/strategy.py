@@ -70,7 +70,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         shard_size_mb: int = 1024,
         offload_optim_frac: float | None = None,
         offload_param_frac: float | None = None,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         accelerator: Any = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: Any = None,
@@ -92,7 +92,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                 static placement, no offload; fastest). ``"cpu"``: parameters and optimizer states are
                 offloaded to CPU memory (static placement, full offload; least GPU memory). ``"auto"``:
                 Gemini traces memory in the first training step and moves chunks between GPU and CPU.
-                ``"static"``: offloads the shares ``offload_optim_frac`` and ``offload_param_frac``.
+                ``"static"``: offloads the share ``offload_optim_frac`` (``offload_param_frac=1``: 16-bit chunks too).
             force_outputs_fp32: Cast the model's outputs to fp32.
             gpu_margin_mem_ratio: Share (0 to 1) of the GPU memory left free after the first step that
                 the optimizer may use for fp32 master weights and states. Used only with placement "auto".
@@ -114,8 +114,9 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             shard_size_mb: Largest shard file, in MiB, for ``state_dict_type="sharded"``.
             offload_optim_frac: With placement "static": the share (0 to 1) of fp32 master weights and optimizer
                 states kept and updated on the CPU; ``lightning-strategies plan`` picks the least that fits.
-            offload_param_frac: With placement "static" and ``offload_optim_frac=1``: the share of 16-bit chunks.
-            pin_memory: ColossalAI's default: a pinned host copy of every chunk and asynchronous reduction.
+            offload_param_frac: With placement "static" and ``offload_optim_frac=1``: 1 offloads the 16-bit chunks.
+            pin_memory: Pinned host copies of every chunk and asynchronous reduction (ColossalAI's default); by
+                default only with placement "cpu".
             accelerator: The accelerator; must be CUDA.
             parallel_devices: The devices to train on (set by the Trainer).
             cluster_environment: The cluster environment (set by the Trainer).
