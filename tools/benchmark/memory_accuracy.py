@@ -311,7 +311,7 @@ def child(spec_path: Path) -> None:
 
     from lightning_strategies import get_registry
     from tools.benchmark.lightning_runs import GPTModule, RecordSteps
-    from tools.benchmark.measure import RandomTokens, Workload
+    from tools.benchmark.measure import RandomTokens, Workload, rank
 
     spec = json.loads(spec_path.read_text())
     workload = Workload(
@@ -326,8 +326,7 @@ def child(spec_path: Path) -> None:
         activation_checkpointing=spec["activation_checkpointing"],
     )
     strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
-    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
-    stages = host_stages_callback(Path(spec["results"], f"stages-{rank}.json"))
+    stages = host_stages_callback(Path(spec["results"], f"stages-{rank()}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
     trainer = Trainer(
         callbacks=[stages, steps],
@@ -350,8 +349,9 @@ def child(spec_path: Path) -> None:
     trainer.fit(GPTModule(workload, optimizer_for(spec["strategy"], spec["settings"])), loader)
     device = trainer.strategy.root_device
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    # The stages are in their own file already (written as each was reached).
     record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": peak,
-              "host_stages_gib": stages.stages, "speed": speed(steps)}  # fmt: skip
+              "speed": speed(steps)}  # fmt: skip
     Path(spec["results"], f"rank-{trainer.global_rank}.json").write_text(json.dumps(record))
 
 

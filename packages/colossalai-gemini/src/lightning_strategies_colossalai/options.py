@@ -60,6 +60,8 @@ class GeminiSettings:
         check_choice(STRATEGY, "state_dict_type", self.state_dict_type, STATE_DICT_TYPES)
         for name in ("use_chunk", "enable_distributed_storage", "force_outputs_fp32"):
             check_type(STRATEGY, name, getattr(self, name), bool)
+        if self.pin_memory is not None:
+            check_type(STRATEGY, "pin_memory", self.pin_memory, bool)
         if self.chunk_size is not None:
             _check_positive_int("chunk_size", self.chunk_size)
         for name in ("chunk_search_n_grids", "growth_interval", "hysteresis"):
@@ -103,8 +105,6 @@ class GeminiSettings:
             check_type(STRATEGY, name, value, (int, float))
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{STRATEGY}({name}={value!r}) must lie between 0 and 1.")
-        if self.pin_memory is not None:
-            check_type(STRATEGY, "pin_memory", self.pin_memory, bool)
         if self.offload_param_frac not in (None, 0, 1):
             # Gemini offloads parameter chunks only while those being evicted exceed the share kept on the GPU,
             # which the one or two chunks of the previous operation never do: a share between 0 and 1 offloads

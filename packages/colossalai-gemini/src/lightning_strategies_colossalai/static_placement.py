@@ -2,8 +2,8 @@
 
 ColossalAI 0.5.0's StaticPlacementPolicy sizes the offloaded share against the memory of every chunk counted once
 per parameter it holds (``setup_grads_device`` sums ``get_chunk(p).chunk_mem`` over parameters), then walks the
-chunks once each. Its target is therefore many times the real total, and any ``offload_optim_frac`` above zero
-offloads every chunk's optimizer side: measured on an H200, a 2.7B GPT asked to offload 45% held 14 bytes per
+chunks once each. Its target is therefore many times the real total, and every ``offload_optim_frac`` we tried
+offloaded every chunk's optimizer side: measured on an H200, a 2.7B GPT asked to offload 45% held 14 bytes per
 parameter on the host, as full offload does, and a 13B one was killed for host memory. The policy here counts
 each chunk once and walks them in the model's order, so every rank picks the same chunks. (``offload_param_frac``
 is sized the same way; the strategy takes only 0 or 1 for it, since Gemini moves parameter chunks all or none.)
