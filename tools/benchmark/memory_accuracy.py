@@ -88,6 +88,11 @@ LARGEST = [
     # The same with 4 micro-batches an optimizer step: the optimizer's CPU share is paid once per 64k tokens.
     Configuration("largest-ds3-10b-accumulate-4", "deepspeed_stage_3", "10b", micro_batch=16, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=4),
+    # Twice the sequences a step, for the plan's larger share: Gemini's accumulation moves each offloaded chunk's
+    # 16-bit copy and gradient between host and GPU every micro-batch, so a larger micro-batch is how it gets
+    # more tokens per optimizer step.
+    Configuration("largest-gemini-13b-mb32", "colossalai", "13b", micro_batch=32, precision="16-mixed",
+                  planned="partial", activation_checkpointing=True, same_batch=True),
 ]  # fmt: skip
 BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST}
 # Small enough for a CPU run of the harness itself (no GPU peak is measured there).
@@ -248,7 +253,8 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
         failure = None if process.returncode == 0 and gpu_peaks else output[-3000:]
         if failure:
             print(json.dumps({"host_timeline_gib": sampler.timeline}))
-        return gpu_peaks, host_peak, stages, records[0]["speed"] if records else None, failure
+        speed = records[0]["speed"] and {**records[0]["speed"], "phases": records[0]["phases"]} if records else None
+        return gpu_peaks, host_peak, stages, speed, failure
 
 
 def resident_gib() -> tuple[float, float]:
@@ -304,6 +310,43 @@ def host_stages_callback(path: Path) -> Any:
     return HostStages()
 
 
+def phase_times_callback() -> Any:
+    """A callback that splits each optimizer step's wall time into its micro-batches' forward and backward and
+    the optimizer step itself (synchronised, so GPU work is counted where it is queued): with an offloaded
+    optimizer the second is paid once per optimizer step, and how the two compare says what accumulation
+    or a larger micro-batch buys in MFU."""
+    import torch
+    from lightning.pytorch.callbacks import Callback
+
+    def now() -> float:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    class PhaseTimes(Callback):
+        def __init__(self) -> None:
+            self.steps: list[dict[str, float]] = []
+            self.forward_backward = 0.0
+            self.started = self.stepping = 0.0
+
+        def on_train_batch_start(self, *arguments: Any) -> None:
+            self.started = now()
+
+        def on_before_optimizer_step(self, *arguments: Any) -> None:
+            self.stepping = now()
+
+        def on_train_batch_end(self, trainer: Any, *arguments: Any) -> None:
+            ended = now()
+            if self.stepping > self.started:  # this micro-batch ended with an optimizer step
+                self.forward_backward += self.stepping - self.started
+                self.steps.append({"forward_backward_s": self.forward_backward, "optimizer_s": ended - self.stepping})
+                self.forward_backward = 0.0
+            else:
+                self.forward_backward += ended - self.started
+
+    return PhaseTimes()
+
+
 def child(spec_path: Path) -> None:
     """Inside the measured tree: build the strategy from the registry with the settings, fit, record."""
     import torch
@@ -328,8 +371,9 @@ def child(spec_path: Path) -> None:
     strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
     stages = host_stages_callback(Path(spec["results"], f"stages-{rank()}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
+    phases = phase_times_callback()
     trainer = Trainer(
-        callbacks=[stages, steps],
+        callbacks=[stages, steps, phases],
         accelerator=spec["accelerator"],
         devices=spec["devices"],
         strategy=strategy,
@@ -351,7 +395,7 @@ def child(spec_path: Path) -> None:
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     # The stages are in their own file already (written as each was reached).
     record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": peak,
-              "speed": speed(steps)}  # fmt: skip
+              "speed": speed(steps), "phases": phases.steps}  # fmt: skip
     Path(spec["results"], f"rank-{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
