@@ -75,3 +75,25 @@ def test_upstreams_policy_is_back_after_a_failed_build():
     with pytest.raises(RuntimeError, match="GeminiDDP failed"), static_placement_by_chunk():
         raise RuntimeError("GeminiDDP failed")
     assert PlacementPolicyFactory.create("static") is StaticPlacementPolicy
+
+
+def test_only_the_offloaded_chunks_get_a_pinned_host_copy(ten_parameters_in_four_chunks, named_gpu):
+    """Page-locking needs CUDA, which cannot exist here: ``pin`` stands in for it and records what it was asked."""
+    manager, parameters = ten_parameters_in_four_chunks
+    asked = []
+
+    def pin(elements, dtype):
+        asked.append((elements, dtype))
+        return torch.empty(elements, dtype=dtype)
+
+    offloaded = set(offloaded_chunks(share_by_chunk_policy(True, pin), manager, parameters, 0.5))
+    chunks = list(dict.fromkeys(manager.get_chunk(p) for p in parameters))
+    assert [chunk.pin_memory for chunk in chunks] == [chunk in offloaded for chunk in chunks] == [1, 1, 0, 0]
+    assert asked == [(chunk.shard_size, chunk.dtype) for chunk in chunks[:2]]
+    assert all(chunk.cpu_shard.numel() == chunk.shard_size for chunk in offloaded)
+
+
+def test_nothing_is_pinned_unless_asked(ten_parameters_in_four_chunks, named_gpu):
+    manager, parameters = ten_parameters_in_four_chunks
+    offloaded_chunks(share_by_chunk_policy(), manager, parameters, 0.5)
+    assert not any(manager.get_chunk(p).pin_memory for p in parameters)

@@ -50,8 +50,10 @@ def configure_gemini(
     lightning_module: Any,
     optimizer: Any,
     plugin_arguments: Callable[[], dict[str, Any]],
+    pin_offloaded: bool,
 ) -> tuple[Any, Any, Any]:
-    """(plugin, GeminiDDP model, GeminiOptimizer or None) for this run; a new plugin for a new module."""
+    """(plugin, GeminiDDP model, GeminiOptimizer or None) for this run; a new plugin for a new module;
+    ``pin_offloaded``: static placement pins the offloaded chunks' host copies."""
     if gemini_model is None or gemini_model.module is not lightning_module:
         from colossalai.booster.plugin import GeminiPlugin
 
@@ -59,6 +61,6 @@ def configure_gemini(
         module: Any = lightning_module
     else:
         module = gemini_model  # a later fit/validate/test of the same model reuses its chunks
-    with static_placement_by_chunk():
+    with static_placement_by_chunk(pin_offloaded):
         model, gemini_optimizer, *_ = gemini_plugin.configure(module, optimizer)
     return gemini_plugin, model, gemini_optimizer

@@ -136,6 +136,12 @@ class GeminiSettings:
         return self.pin_memory if self.pin_memory is not None else self.placement_policy == "cpu"
 
     @property
+    def pins_offloaded_chunks(self) -> bool:
+        """By default static placement pins the host copies of the chunks it offloads, and only those: unpinned,
+        backward copies their gradients to pageable memory synchronously (static_placement.py)."""
+        return self.pin_memory is None and self.placement_policy == "static"
+
+    @property
     def offloads(self) -> bool:
         """Whether any chunk's optimizer side may live in host memory (placement auto decides at run time)."""
         if self.placement_policy == "static":

@@ -7,13 +7,20 @@ offloaded every chunk's optimizer side: measured on an H200, a 2.7B GPT asked to
 parameter on the host, as full offload does, and a 13B one was killed for host memory. The policy here counts
 each chunk once and walks them in the model's order, so every rank picks the same chunks. (``offload_param_frac``
 is sized the same way; the strategy takes only 0 or 1 for it, since Gemini moves parameter chunks all or none.)
+
+Unless told not to pin, the policy also pins the host copy of each offloaded chunk, and only those. Unpinned,
+backward copied each offloaded chunk's gradients into freshly allocated pageable memory, synchronously: a 13B
+GPT with 60% offloaded spent about 10 s of each step's backward so (measured on an H200: forward and backward
+took 14.3 s for 16 sequences and 18.9 s for 32). Pinning every chunk, ColossalAI's way, holds a host copy of
+the GPU-held ones too, which a model that needs offloading cannot spare.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Generator
+import weakref
+from collections.abc import Callable, Generator
 from typing import Any
 
 _SWAPPING = threading.Lock()
@@ -33,8 +40,25 @@ def chunks_to_offload(chunks: list[Any], fraction: float) -> set[Any]:
     return chosen
 
 
-def share_by_chunk_policy() -> type:
-    """StaticPlacementPolicy with the offloaded shares measured over distinct chunks."""
+def pin_exactly(elements: int, dtype: Any) -> Any:
+    """A page-locked host tensor of exactly this size. torch's pinned allocator rounds each block up to a power of
+    two and caches it, which for chunks of hundreds of megabytes can nearly double what they hold."""
+    import torch
+
+    tensor = torch.empty(elements, dtype=dtype)
+    if elements:
+        runtime = torch.cuda.cudart()
+        error = runtime.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
+        if error != 0:
+            raise RuntimeError(f"cudaHostRegister of {tensor.nbytes} bytes failed ({error}); pass pin_memory=False")
+        # Unregistered as the tensor goes, before its memory is freed.
+        weakref.finalize(tensor, runtime.cudaHostUnregister, tensor.data_ptr())
+    return tensor
+
+
+def share_by_chunk_policy(pin_offloaded: bool = False, pin: Callable[[int, Any], Any] = pin_exactly) -> type:
+    """StaticPlacementPolicy with the offloaded shares measured over distinct chunks; with ``pin_offloaded``, the
+    offloaded chunks' host copies are allocated once, page-locked, by ``pin``."""
     import torch
     from colossalai.accelerator import get_accelerator
     from colossalai.zero.gemini.placement_policy import StaticPlacementPolicy
@@ -47,6 +71,12 @@ def share_by_chunk_policy() -> type:
             for chunk in chunks:
                 for p in chunk.get_tensors():
                     grads_device_map[p] = cpu if chunk in offloaded else gpu
+            if pin_offloaded:
+                for chunk in offloaded:
+                    if not chunk.pin_memory:
+                        # A pinned chunk keeps its host copy and copies into it (Chunk.shard_move).
+                        chunk.cpu_shard = pin(chunk.shard_size, chunk.dtype)
+                        chunk.pin_memory = True
             total = sum(chunk.chunk_mem for chunk in chunks)
             self.keep_gathered_chunk_mem = total * (1 - self.shard_param_frac)
             self.keep_cuda_chunk_mem = total * (1 - self.offload_param_frac)
@@ -55,7 +85,7 @@ def share_by_chunk_policy() -> type:
 
 
 @contextlib.contextmanager
-def static_placement_by_chunk() -> Generator[None, None, None]:
+def static_placement_by_chunk(pin_offloaded: bool = False) -> Generator[None, None, None]:
     """While GeminiDDP is built, its "static" placement is the policy above (the name stays "static", which
     GeminiDDP reads to keep chunks on the GPU while it builds them)."""
     from colossalai.zero.gemini.placement_policy import PlacementPolicyFactory
@@ -64,7 +94,7 @@ def static_placement_by_chunk() -> Generator[None, None, None]:
     # The factory's table is the process's: one build at a time, so two threads cannot restore out of order.
     with _SWAPPING:
         upstream = policies["static"]
-        policies["static"] = share_by_chunk_policy()
+        policies["static"] = share_by_chunk_policy(pin_offloaded)
         try:
             yield
         finally:

@@ -219,7 +219,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             optimizer = self.optimizers[0]
         self._gemini_plugin, model, gemini_optimizer = gemini_setup.configure_gemini(
             self._gemini_plugin, self._gemini_model, self.lightning_module, optimizer,
-            lambda: self.plugin_arguments(trainer),
+            lambda: self.plugin_arguments(trainer), self.settings.pins_offloaded_chunks,
         )  # fmt: skip
         self._gemini_model = model
         self.model = model
