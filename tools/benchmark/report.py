@@ -67,8 +67,13 @@ medians 45,988 and 44,121, so the Trainer at 0.96 of by hand. What the records r
 - Left, a hypothesis: the host. Each Gemini step runs per-parameter Python hooks and synchronises (overflow
   checks), so a step's time may follow the CPU the process runs on. The host's load when timing started (0.6 to
   2.1) does not settle it: by hand the fastest run had the lowest load, through the Trainer the fastest had a
-  middling one. Pinning the process to cores (a `taskset` variant) would test it; not run. Within 5% over five
-  runs is therefore not met, for ColossalAI by hand either.
+  middling one.
+- **Pinned to cores, tighter but not within 5%** (sixth session, commit f625960, the same call under
+  `taskset -c 0-7`): by hand 43,233 to 50,226 tokens/s (16.2%), through the Trainer 45,637 to 49,160 (7.7%);
+  four of five by hand within 1.9% of each other (49,298 to 50,226), and the last round the slowest both ways.
+  Medians 49,467 and 48,271: the Trainer at **0.98** of by hand, and both above the unpinned medians (45,988
+  and 44,121). So the host's scheduling is part of the spread, not all of it: what slows the last round is not
+  found. Within 5% over five runs is not met, for ColossalAI by hand either.
 
 With the realistic checkpoint at the end (the session before, 2 rounds of 5 in the time), the Trainer's save
 took 114 to 120 s against 82 to 86 s by hand. The Trainer's run is unpinned (the strategy's default for this
