@@ -9,6 +9,10 @@ Drives GeminiPlugin by hand (no Lightning) with bf16 on one GPU, in one fresh pr
                           CUDA storage (chunk.shard_move has no record_stream)
   static_full_offload     the "cpu" placement: gradients also go to CPU, without the memory tracer
   static_cuda             the "cuda" placement: nothing leaves the GPU (known to train)
+  trainer_auto            the same model through Trainer(strategy=ColossalAIStrategy(placement_policy="auto"),
+                          precision="bf16-mixed") with the strategy's refusal switched off for this run
+                          (unpinned, so no async reduce: the strategy's default)
+  trainer_auto_pinned     the same with pin_memory=True (async reduce on, as when the NaN was seen)
 Prints one JSON line per variant: losses, the first non-finite step, and whether the fp32 master
 weights are finite after the run. If auto_sync_reduce trains, the strategy can lift its refusal by
 passing enable_async_reduce=False for placement "auto".
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
+from typing import Any
 
 import torch
 
@@ -36,6 +42,7 @@ VARIANTS = {
     },
     "static_cuda": {"placement_policy": "static"},
 }
+THROUGH_TRAINER = {"trainer_auto": {}, "trainer_auto_pinned": {"pin_memory": True}}
 
 
 def run_variant(variant: str, size: str, steps: int) -> dict:
@@ -79,16 +86,44 @@ def run_variant(variant: str, size: str, steps: int) -> dict:
     }
 
 
+def run_through_trainer(variant: str, size: str, steps: int) -> dict:
+    """The same model, data and optimizer through Lightning and the strategy, its refusal switched off."""
+    from lightning.pytorch import Trainer
+
+    from lightning_strategies_colossalai import ColossalAIStrategy, refusals
+    from tools.benchmark.lightning_runs import GPTModule
+    from tools.benchmark.measure import Workload
+
+    refusals.check_precision = lambda *arguments: None  # what this variant tests
+    losses: list[float] = []
+
+    class Recorded(GPTModule):
+        def on_train_batch_end(self, outputs: Any, *arguments: Any) -> None:
+            losses.append(float(outputs["loss"]))
+
+    torch.manual_seed(0)
+    module = Recorded(Workload(run=variant, size=size), "hybrid_adam")
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 50304, (1025,), generator=generator) for _ in range(8 * steps)]
+    strategy = ColossalAIStrategy(placement_policy="auto", **THROUGH_TRAINER[variant])
+    trainer = Trainer(accelerator="cuda", devices=1, strategy=strategy, precision="bf16-mixed", max_steps=steps,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    trainer.fit(module, torch.utils.data.DataLoader(batches, batch_size=8))
+    bad = [step for step, loss in enumerate(losses) if not math.isfinite(loss)]
+    return {"variant": variant, "size": size, "losses": losses, "first_non_finite_step": bad[0] if bad else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", default="1.3b")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--variant", choices=list(VARIANTS))
+    parser.add_argument("--variant", choices=[*VARIANTS, *THROUGH_TRAINER])
     arguments = parser.parse_args()
     if arguments.variant:
-        print(json.dumps(run_variant(arguments.variant, arguments.size, arguments.steps)))
+        run = run_through_trainer if arguments.variant in THROUGH_TRAINER else run_variant
+        print(json.dumps(run(arguments.variant, arguments.size, arguments.steps)))
         return
-    for variant in VARIANTS:
+    for variant in [*VARIANTS, *THROUGH_TRAINER]:
         result = subprocess.run(
             [
                 sys.executable,
