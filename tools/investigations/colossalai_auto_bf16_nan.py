@@ -90,7 +90,8 @@ def run_through_trainer(variant: str, size: str, steps: int) -> dict:
     """The same model, data and optimizer through Lightning and the strategy, its refusal switched off."""
     from lightning.pytorch import Trainer
 
-    from lightning_strategies_colossalai import ColossalAIStrategy, refusals
+    from lightning_strategies_colossalai import refusals
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
     from tools.benchmark.lightning_runs import GPTModule
     from tools.benchmark.measure import Workload
 
