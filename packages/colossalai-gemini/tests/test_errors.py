@@ -36,9 +36,8 @@ def test_fp32_is_refused_with_the_precisions_to_use():
         ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("32-true")
 
 
-def test_auto_placement_with_bf16_is_refused_with_the_reason():
-    with pytest.raises(CapabilityError, match=r"NaN loss.*colossalai_cuda"):
-        ColossalAIStrategy(placement_policy="auto").own_precision_plugin("bf16-mixed")
+def test_auto_placement_takes_bf16_and_fp16():
+    assert ColossalAIStrategy(placement_policy="auto").own_precision_plugin("bf16-mixed").gemini_precision == "bf16"
     assert ColossalAIStrategy(placement_policy="auto").own_precision_plugin("16-mixed").gemini_precision == "fp16"
     assert ColossalAIStrategy(placement_policy="cuda").own_precision_plugin("bf16-mixed").gemini_precision == "bf16"
 

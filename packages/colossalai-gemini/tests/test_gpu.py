@@ -68,6 +68,9 @@ def make_trainer(strategy, precision, tmp_path, **kwargs):
         ("colossalai_cpu", "bf16-mixed"),
         ("colossalai_auto", "16-mixed"),
         ("colossalai", "16-mixed"),
+        # Refused until the sixth session for NaN losses seen with the strategy's first version; trained since on an
+        # H200, a 1.3B GPT by hand and through the Trainer (tools/investigations/colossalai_auto_bf16_nan.py).
+        ("colossalai_auto", "bf16-mixed"),
     ],
 )
 def test_fit_validate_test_predict_on_one_gpu(tmp_path, name, precision):
@@ -123,14 +126,6 @@ def test_evaluation_without_training(tmp_path, name):
 
     trainer = make_trainer(name, "16-mixed", tmp_path, logger=False)
     assert torch.isfinite(torch.tensor(trainer.validate(TinyGPT())[0]["val_loss"]))
-
-
-@gpus(1)
-def test_auto_placement_with_bf16_is_refused_before_training(tmp_path):
-    from lightning_strategies.errors import CapabilityError
-
-    with pytest.raises(CapabilityError, match=r"NaN loss"):
-        make_trainer("colossalai_auto", "bf16-mixed", tmp_path)
 
 
 @gpus(1)

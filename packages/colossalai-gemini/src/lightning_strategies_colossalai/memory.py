@@ -180,11 +180,7 @@ def plan_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         gpu, host, offloaded = predict_static(workload, gpus, placement)
         found.append(candidate(name, {}, gpu, host, machine, offloaded, (), preference))
     gpu, host, offloaded = predict_auto(workload, gpus, machine)
-    notes = ["placement decided at run time; needs precision='16-mixed'"]
-    auto = candidate("colossalai", {}, gpu, host, machine, offloaded, notes, 2)
-    if workload.precision != "16-mixed":
-        auto.fits = False  # the strategy refuses placement auto with bf16 (NaN losses seen on an H200)
-        auto.notes.append("refuses bf16-mixed: plan with precision 16-mixed to consider it")
+    auto = candidate("colossalai", {}, gpu, host, machine, offloaded, ["placement decided at run time"], 2)
     found.append(auto)
     chosen = choose_static_placement(workload, machine)
     if chosen is not None and 0 < chosen.offload_optim_frac < 1:

@@ -22,16 +22,6 @@ from lightning_strategies_colossalai.options import GeminiSettings
 
 ALLOWED_OPTIMIZERS = ("colossalai.nn.optimizer.HybridAdam", "colossalai.nn.optimizer.CPUAdam")
 
-# Seen on an H200 (torch 2.11, colossalai 0.5.0): GeminiPlugin placement "auto" with bf16 gave a NaN
-# loss at every step on 1.3B and 2.7B GPTs while "static" placement trained. The cause is not
-# established (tools/investigations/colossalai_auto_bf16_nan.py narrows it down), so the combination is refused.
-AUTO_BF16_REASON = (
-    "ColossalAI 0.5 Gemini with placement 'auto' and bf16 produced a NaN loss at every step on 1.3B and 2.7B "
-    "GPT models on an H200, while placement 'cuda'/'cpu' trained; the cause is not established, so this "
-    "strategy refuses the combination rather than train on silently broken weights. "
-    "Use precision='16-mixed' with placement 'auto', "
-    "or keep bf16 with strategy='colossalai_cuda' or 'colossalai_cpu'."
-)
 # HybridAdam/CPUAdam update bf16 gradients held on CPU with a plain torch fallback that ignores the
 # combined scale GeminiOptimizer passes in, and that scale is how Gemini applies max_norm.
 CPU_BF16_CLIP_REASON = (
@@ -48,11 +38,6 @@ CPU_ADAM_ON_GPU_REASON = (
     "GPU and CPU and applies the scale on both; or keep CPUAdam with placement_policy='cpu' and a model of at "
     "least min_chunk_size parameters (or a smaller min_chunk_size), so every chunk is offloaded."
 )
-
-
-def check_precision(settings: GeminiSettings, gemini_precision: str) -> None:
-    if settings.placement_policy == "auto" and gemini_precision == "bf16":
-        raise CapabilityError(AUTO_BF16_REASON)
 
 
 def check_accelerator(accelerator: Any, placement: str) -> None:

@@ -144,7 +144,6 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     def own_precision_plugin(self, precision: str) -> GeminiPrecision:
         plugin = GeminiPrecision(precision)
-        refusals.check_precision(self.settings, plugin.gemini_precision)
         self.settings.warn_precision(precision)
         return plugin
 
