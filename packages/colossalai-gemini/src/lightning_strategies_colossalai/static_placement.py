@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Generator
 from typing import Any
+
+from lightning_strategies.pinned import pin_exactly
 
 _SWAPPING = threading.Lock()
 
@@ -38,22 +39,6 @@ def chunks_to_offload(chunks: list[Any], fraction: float) -> set[Any]:
             chosen.add(chunk)
             offloaded += chunk.chunk_mem
     return chosen
-
-
-def pin_exactly(elements: int, dtype: Any) -> Any:
-    """A page-locked host tensor of exactly this size. torch's pinned allocator rounds each block up to a power of
-    two and caches it, which for chunks of hundreds of megabytes can nearly double what they hold."""
-    import torch
-
-    tensor = torch.empty(elements, dtype=dtype)
-    if elements:
-        runtime = torch.cuda.cudart()
-        error = runtime.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
-        if error != 0:
-            raise RuntimeError(f"cudaHostRegister of {tensor.nbytes} bytes failed ({error}); pass pin_memory=False")
-        # Unregistered as the tensor goes, before its memory is freed.
-        weakref.finalize(tensor, runtime.cudaHostUnregister, tensor.data_ptr())
-    return tensor
 
 
 def share_by_chunk_policy(pin_offloaded: bool = False, pin: Callable[[int, Any], Any] = pin_exactly) -> type:

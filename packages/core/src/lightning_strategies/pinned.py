@@ -1,0 +1,40 @@
+"""Page-locked host memory of exactly the size asked for, for offloading strategies.
+
+Copies between the GPU and pageable host memory are synchronous, so an offloading backend whose backward copies
+gradients into pageable buffers stalls on every copy. torch's own pinned allocator rounds each block up to a power
+of two and caches it, which for buffers of gigabytes can nearly double the host memory they hold; these register
+the memory with CUDA at its exact size instead.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["pin_exactly", "pin_in_place"]
+
+
+def pin_exactly(elements: int, dtype: Any) -> Any:
+    """A new page-locked host tensor of exactly ``elements`` elements."""
+    import torch
+
+    tensor = torch.empty(elements, dtype=dtype)
+    pin_in_place(tensor)
+    return tensor
+
+
+def pin_in_place(tensor: Any) -> bool:
+    """Page-lock ``tensor``'s host memory where it lies; False when it was already pinned or holds nothing."""
+    if tensor.numel() == 0 or tensor.is_pinned():
+        return False
+    import torch
+
+    runtime = torch.cuda.cudart()
+    error = runtime.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
+    if error != 0:
+        raise RuntimeError(
+            f"cudaHostRegister of {tensor.nbytes} bytes of host memory failed ({error}); pass pin_memory=False"
+        )
+    # Unregistered as the tensor goes, before its memory can be freed.
+    weakref.finalize(tensor, runtime.cudaHostUnregister, tensor.data_ptr())
+    return True
