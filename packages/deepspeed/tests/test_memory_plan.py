@@ -18,7 +18,7 @@ from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.memory import (
     HOST_GRADIENT_BYTES,
     OFFLOAD_HOST_OVERHEAD_BYTES,
-    PARTIAL_OFFLOAD_HOST_BYTES,
+    SETUP_GRADIENT_SLOT_BYTES,
     ZeroSetting,
     candidates,
     choose_offload_ratio,
@@ -63,9 +63,14 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     # is backward's start, with the activations alive; the fp32 gradients of the step come after them.
     moved = none.gpu_bytes - half.gpu_bytes
     assert moved == pytest.approx(0.5 * (12 + 2) * workload.parameters, rel=0.001)
-    # On the host: the offloaded states, their fp32 gradients, staging, and what a partial offload adds.
-    per_offloaded = 12 + HOST_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES + PARTIAL_OFFLOAD_HOST_BYTES
-    assert half.host_bytes - host_base_bytes(1) == pytest.approx(0.5 * per_offloaded * workload.parameters, rel=0.001)
+    # On the host, the larger of two moments: set-up, where DeepSpeed holds a 16-bit gradient slot for every
+    # parameter beside the offloaded states, and training, with slots for the offloaded share alone (staging).
+    for ratio, moment in ((0.5, "set-up"), (0.9, "training")):
+        host = predict(workload, 1, ZeroSetting(3, ratio)).host_bytes - host_base_bytes(1)
+        training = ratio * (12 + HOST_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES)
+        setup = ratio * (12 + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES
+        assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
+        assert (setup > training) is (moment == "set-up")
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
 

@@ -24,6 +24,7 @@ from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.ranks import watch_ranks
@@ -31,6 +32,7 @@ from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
+from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
 
 # The precision flags DeepSpeed trains with, and the dtype each casts inputs (and, for "-true", the module) to.
@@ -215,7 +217,7 @@ class DeepSpeedBody(LightningAttributesMixin):
     ) -> tuple[Any, Any, Any, Any]:
         """The training engine: engine, its optimizer, data loader (unused) and scheduler, as DeepSpeed returns."""
         deepspeed = import_deepspeed(self.root_device.type)
-        return deepspeed.initialize(
+        initialized = deepspeed.initialize(
             config=self.config,
             model=module,
             model_parameters=[parameter for parameter in module.parameters() if parameter.requires_grad],
@@ -223,6 +225,15 @@ class DeepSpeedBody(LightningAttributesMixin):
             lr_scheduler=lr_scheduler,
             dist_init_required=False,
         )
+        placement = keep_gradients_with_their_optimizer(initialized[0].optimizer, self.root_device)
+        if placement is not None:
+            rank_zero_info(
+                f"ZeRO-3 gradients: {placement.kept_elements:,} elements accumulate in fp32 beside their optimizer "
+                f"on {self.root_device.type}, {placement.host_elements:,} in a 16-bit host buffer"
+                f"{' (pinned)' if placement.pinned else ''}, in place of one host buffer for all "
+                f"{placement.replaced_elements:,}"
+            )
+        return initialized
 
     def _initialize_evaluation_engine(self: _ParallelStrategy, module: torch.nn.Module, **extra: Any) -> Any:
         """An engine without optimizer: only precision and (for ZeRO-3) partitioning apply, plus ``extra``."""

@@ -37,10 +37,11 @@ OFFLOAD_HOST_OVERHEAD_BYTES = 3
 ZERO3_SETUP_HOST_BYTES = 2
 # CPU Adam reads fp32 gradients: each offloaded parameter's gradient is kept in host memory in fp32.
 HOST_GRADIENT_BYTES = 4
-# A partial offload (ZeRO-3's ratio) held more per offloaded parameter than full offload does: 2.9 and 2.5 bytes
-# more at 45% of 6.9B and of 10.6B on an H200 (host 64.9 and 97.3 GiB). Read off those two runs, so in-sample;
-# the cause is not established.
-PARTIAL_OFFLOAD_HOST_BYTES = 2.7
+# With any optimizer offload ZeRO-3 allocates a 16-bit gradient slot on the host for every parameter of the model
+# at set-up, after the offloaded states; the strategy then replaces it by slots for the offloaded share alone
+# (gradient_buffers.py). Before that change, 45% of 10.6B offloaded held 97.3 GiB on an H200: 16 bytes per
+# offloaded parameter plus 2 per parameter of the model, with DeepSpeed's whole sub-groups rounding the share up.
+SETUP_GRADIENT_SLOT_BYTES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +104,9 @@ def predict(
     offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
     offloaded = offloaded_states + offloaded_weights
     overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
-    if 0 < ratio < 1:
-        overhead += PARTIAL_OFFLOAD_HOST_BYTES * count * ratio
     host_states = 0.0 if setting.nvme else offloaded + overhead
+    if stage == 3 and 0 < ratio < 1 and not setting.nvme:
+        host_states = max(host_states, offloaded_states + SETUP_GRADIENT_SLOT_BYTES * count)
     if stage == 3 and not setting.offload_parameters:
         # Set-up passes a 16-bit copy of the parameters through host memory in each process: ZeRO-3 of 2.7B on
         # one H200 peaked at 6.6 GiB resident during set-up and held 1.5 GiB after it. Measured once.

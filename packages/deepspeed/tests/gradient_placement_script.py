@@ -1,0 +1,96 @@
+"""Trains a small model on one CPU process with ZeRO-3 offloading half of the optimizer states, 2 micro-batches
+an optimizer step, three ways, and writes each way's losses, final weights and gradient slots (run by
+test_gradient_buffers.py):
+
+- "kept": the strategy as shipped. On a CPU run backward produces gradients where every sub-group's fp32
+  gradient lives, so every slot is kept in its sub-group's fp32 gradient.
+- "hosted": as if backward ran on a GPU (a stand-in: no GPU here), so every slot goes to the 16-bit host buffer.
+- "deepspeed": DeepSpeed's own all-parameter buffer, left in place.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_strategies_deepspeed import body, gradient_buffers
+from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
+
+SLOTS = gradient_buffers._SLOTS
+
+
+class Layers(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(32, 32) for _ in range(4)))
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = torch.nn.functional.mse_loss(self.layers(inputs), targets)
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(self.parameters(), lr=0.01)
+
+
+def placement_for(way: str):
+    if way == "deepspeed":
+        return lambda optimizer, device: None
+    if way == "hosted":
+        return lambda optimizer, device: gradient_buffers.keep_gradients_with_their_optimizer(
+            optimizer, torch.device("cuda"), pin=False
+        )
+    return gradient_buffers.keep_gradients_with_their_optimizer
+
+
+def train(way: str) -> dict:
+    body.keep_gradients_with_their_optimizer = placement_for(way)
+    seed_everything(7)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=DeepSpeedStrategy(stage=3, offload_optimizer=0.5, sub_group_size=300),
+        max_steps=3,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = Layers()
+    data = TensorDataset(torch.randn(24, 32), torch.randn(24, 32))
+    trainer.fit(model, DataLoader(data, batch_size=4))
+    optimizer = trainer.strategy.model.optimizer
+    slots = getattr(optimizer, SLOTS)
+    gradients = [group.grad for group in optimizer.fp32_partitioned_groups_flat]
+    in_fp32_gradient = [
+        any(slot.untyped_storage().data_ptr() == gradient.untyped_storage().data_ptr() for gradient in gradients)
+        for slot in slots.values()
+    ]
+    weights = torch.cat([group.detach().flatten() for group in optimizer.fp32_partitioned_groups_flat])
+    return {
+        "losses": model.losses,
+        "weights": weights.tolist(),
+        "slots": len(slots),
+        "slots_in_fp32_gradients": sum(in_fp32_gradient),
+        "host_buffer_elements": optimizer.grad_partitions_flat_buffer.numel(),
+        "parameter_elements": sum(group.numel() for group in optimizer.fp32_partitioned_groups_flat),
+    }
+
+
+def main() -> None:
+    results = {way: train(way) for way in ("kept", "hosted", "deepspeed")}
+    with open(sys.argv[1], "w") as file:
+        json.dump(results, file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""ZeRO-3 with part of the optimizer offloaded keeps each gradient where its optimizer step reads it, on
+DeepSpeed's real engine on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import clean_environment
+
+from lightning_strategies_deepspeed import gradient_buffers
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def three_ways(tmp_path_factory):
+    out = tmp_path_factory.mktemp("placement") / "result.json"
+    command = [sys.executable, str(HERE / "gradient_placement_script.py"), str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=900)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return json.loads(out.read_text())
+
+
+def test_gradients_accumulate_in_the_fp32_gradient_of_their_sub_group(three_ways):
+    kept = three_ways["kept"]
+    assert kept["slots"] == 8  # four layers, a weight and a bias each
+    assert kept["slots_in_fp32_gradients"] == kept["slots"]
+    # DeepSpeed's all-parameter host buffer is gone, and nothing took its place.
+    assert kept["host_buffer_elements"] == 0
+
+
+def test_gradients_of_offloaded_sub_groups_get_a_host_buffer_of_their_size(three_ways):
+    hosted = three_ways["hosted"]
+    assert hosted["slots_in_fp32_gradients"] == 0
+    assert hosted["host_buffer_elements"] == hosted["parameter_elements"]
+
+
+@pytest.mark.parametrize("way", ["kept", "hosted"])
+def test_training_is_what_deepspeeds_own_buffers_give(three_ways, way):
+    reference = three_ways["deepspeed"]
+    assert len(reference["losses"]) == 6  # 3 optimizer steps of 2 micro-batches
+    assert three_ways[way]["losses"] == reference["losses"]
+    assert three_ways[way]["weights"] == reference["weights"]
+
+
+@pytest.mark.parametrize(
+    ("attributes", "applies"),
+    [
+        ({}, True),
+        ({"offload_optimizer": False}, False),
+        ({"swap_optimizer": True}, False),  # NVMe: gradients are swapped to disk
+        ({"dtype": torch.float16}, False),  # fp16's overflow check reads DeepSpeed's one buffer
+        ({"dtype": torch.bfloat16}, True),
+    ],
+)
+def test_it_applies_to_host_offload_without_fp16(attributes, applies):
+    optimizer = SimpleNamespace(
+        **{gradient_buffers._SLOTS: {}, "offload_optimizer": True, "swap_optimizer": False, "dtype": torch.float32}
+    )
+    for name, value in attributes.items():
+        setattr(optimizer, name, value)
+    assert gradient_buffers.applies(optimizer) is applies
+    if not applies:
+        assert gradient_buffers.keep_gradients_with_their_optimizer(optimizer, torch.device("cpu")) is None
