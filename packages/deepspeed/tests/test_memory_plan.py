@@ -64,11 +64,12 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     moved = none.gpu_bytes - half.gpu_bytes
     assert moved == pytest.approx(0.5 * (12 + 2) * workload.parameters, rel=0.001)
     # On the host, the larger of two moments: set-up, where DeepSpeed holds a 16-bit gradient slot for every
-    # parameter beside the offloaded states, and training, with slots for the offloaded share alone (staging).
-    for ratio, moment in ((0.5, "set-up"), (0.9, "training")):
+    # parameter beside the offloaded fp32 masters and gradients, and training, with CPU Adam's moments and slots
+    # for the offloaded share alone (staging).
+    for ratio, moment in ((0.1, "set-up"), (0.5, "training")):
         host = predict(workload, 1, ZeroSetting(3, ratio)).host_bytes - host_base_bytes(1)
         training = ratio * (12 + HOST_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES)
-        setup = ratio * (12 + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES
+        setup = ratio * (4 + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES
         assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
         assert (setup > training) is (moment == "set-up")
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))

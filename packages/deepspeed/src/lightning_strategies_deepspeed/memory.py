@@ -38,9 +38,10 @@ ZERO3_SETUP_HOST_BYTES = 2
 # CPU Adam reads fp32 gradients: each offloaded parameter's gradient is kept in host memory in fp32.
 HOST_GRADIENT_BYTES = 4
 # With any optimizer offload ZeRO-3 allocates a 16-bit gradient slot on the host for every parameter of the model
-# at set-up, after the offloaded states; the strategy then replaces it by slots for the offloaded share alone
-# (gradient_buffers.py). Before that change, 45% of 10.6B offloaded held 97.3 GiB on an H200: 16 bytes per
-# offloaded parameter plus 2 per parameter of the model, with DeepSpeed's whole sub-groups rounding the share up.
+# at set-up; the strategy then replaces it by slots for the offloaded share alone (gradient_buffers.py), before
+# CPU Adam's moments arrive with the first step. Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after
+# set-up (fp32 masters and gradients of the offloaded share, and that buffer), 86.8 GiB at the peak, 18 bytes per
+# offloaded parameter; DeepSpeed's own buffer kept, the peak was 97.3 GiB.
 SETUP_GRADIENT_SLOT_BYTES = 2
 
 
@@ -106,7 +107,8 @@ def predict(
     overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
     host_states = 0.0 if setting.nvme else offloaded + overhead
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
-        host_states = max(host_states, offloaded_states + SETUP_GRADIENT_SLOT_BYTES * count)
+        setup = ratio * count * (states.master + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES * count
+        host_states = max(host_states, setup)
     if stage == 3 and not setting.offload_parameters:
         # Set-up passes a 16-bit copy of the parameters through host memory in each process: ZeRO-3 of 2.7B on
         # one H200 peaked at 6.6 GiB resident during set-up and held 1.5 GiB after it. Measured once.
