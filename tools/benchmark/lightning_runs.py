@@ -85,9 +85,12 @@ class RecordSteps(Callback):
 
 def strategy_for(run: Run) -> Any:
     """The strategy argument of the Trainer: a name for our packages, a class instance for Lightning's own."""
-    if run.kind == "trainer":
-        return run.name
-    if run.name == "fsdp":
+    return run.name if run.kind == "trainer" else builtin_strategy(run.name)
+
+
+def builtin_strategy(name: str) -> Any:
+    """Lightning's own strategy class for ``name``, set up as the by-hand runs and our strategies are."""
+    if name == "fsdp":
         from lightning.pytorch.strategies import FSDPStrategy
         from torch.distributed.fsdp import MixedPrecision
 
@@ -95,15 +98,15 @@ def strategy_for(run: Run) -> Any:
         mixed = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.bfloat16)
         return FSDPStrategy(auto_wrap_policy={Block}, mixed_precision=mixed)
     optimizers.plain_cuda_architectures()  # both remaining built-ins are DeepSpeed's
-    if run.name == "deepspeed_stage_2":
+    if name == "deepspeed_stage_2":
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         return DeepSpeedStrategy(stage=2)
-    if run.name == "deepspeed_stage_3_offload":
+    if name == "deepspeed_stage_3_offload":
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
         return DeepSpeedStrategy(stage=3, offload_optimizer=True, offload_parameters=True)
-    raise ValueError(f"No Lightning built-in strategy is set up for {run.id!r}.")
+    raise ValueError(f"No Lightning built-in strategy is set up for {name!r}.")
 
 
 def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | None:

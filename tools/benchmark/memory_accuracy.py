@@ -35,6 +35,7 @@ from tools.benchmark.sizes import SIZES, VOCABULARY
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.10  # issue 13: within 10% of measured
+BUILTIN = "lightning:"  # a configuration's strategy with this prefix is Lightning's own class, not our name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,16 @@ LARGEST = [
     # to 24 sequences a step.
     Configuration("h100-gemini-10b-mb24", "colossalai", "10b", micro_batch=24, precision="16-mixed",
                   planned="partial", activation_checkpointing=True, same_batch=True),
+    # DeepSpeed's part of the H100 search (--gpu-memory 79 --host-memory 125): the host bounds it, at 18 bytes
+    # per offloaded parameter; 27 of 13b's blocks (9.0B) with 70% offloaded is the most the plan fits.
+    Configuration("h100-ds3-9b-accumulate-8", "deepspeed_stage_3", "9b", micro_batch=8, planned="partial",
+                  activation_checkpointing=True, same_batch=True, accumulate=8),
+    # Lightning's built-in beside the largest (issue 13 asks for it in the same call): the same model, batches and
+    # checkpointing as largest-ds3-13b-accumulate-8, with everything offloaded as its name says. Run with
+    # --host-limit, which stops it before the machine's memory is gone.
+    Configuration("builtin-ds3-offload-13b-accumulate-8", "lightning:deepspeed_stage_3_offload", "13b",
+                  {"stage": 3, "offload_optimizer": True, "offload_parameters": True}, micro_batch=8,
+                  activation_checkpointing=True, same_batch=True, accumulate=8),
 ]  # fmt: skip
 BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST}
 # Small enough for a CPU run of the harness itself (no GPU peak is measured there).
@@ -137,7 +148,9 @@ def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_
     )
     machine = Machine(configuration.devices, int(gpu_memory_gib * GIB), int(host_memory_gib * GIB))
     result = plan_for(workload, machine)
-    same = [c for c in result.candidates if c.strategy == configuration.strategy]
+    # Lightning's built-in is predicted as our strategy of the same name and settings: DeepSpeed gets the same config.
+    ours = configuration.strategy.removeprefix(BUILTIN)
+    same = [c for c in result.candidates if c.strategy == ours]
     if configuration.planned == "partial":
         # A share chosen in the settings (placement auto's share is decided at run time, with no settings).
         partial = [
@@ -175,6 +188,13 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root`` and every process below it, the deepest first."""
+    for pid in reversed(_descendants(root)):
+        with contextlib.suppress(OSError):  # it ended on its own meanwhile
+            os.kill(pid, 9)
+
+
 def _status_fields(pid: int | str) -> dict[str, str]:
     """``/proc/<pid>/status`` (``pid`` may be ``"self"``) as ``field -> value``, e.g. ``"VmRSS" -> "1024 kB"``;
     OSError where the process has gone."""
@@ -202,12 +222,16 @@ def tree_rss(root: int) -> dict[str, int]:
 
 class TreeSampler(threading.Thread):
     """The peak of the process tree's summed resident memory while it runs, and who held it then: a
-    compiler or helper process beside the ranks counts too, and must be named to be told apart."""
+    compiler or helper process beside the ranks counts too, and must be named to be told apart.
 
-    def __init__(self, root: int, interval: float = 0.2) -> None:
+    With a ``limit`` (bytes) it kills the tree once the sum passes it: a configuration that would take all of
+    the machine's memory is stopped and reported, instead of the kernel's OOM killer choosing what dies."""
+
+    def __init__(self, root: int, interval: float = 0.2, limit: int | None = None) -> None:
         super().__init__(daemon=True)
-        self.root, self.interval, self.peak = root, interval, 0
+        self.root, self.interval, self.peak, self.limit = root, interval, 0, limit
         self.at_peak: dict[str, int] = {}
+        self.stopped_at: float | None = None  # seconds since start, where the limit stopped the tree
         # (seconds since start, GiB) about every second: with the stages, when the host filled up.
         self.timeline: list[tuple[float, float]] = []
         self.stopped = threading.Event()
@@ -221,6 +245,9 @@ class TreeSampler(threading.Thread):
             elapsed = time.monotonic() - started
             if not self.timeline or elapsed - self.timeline[-1][0] >= 1.0:
                 self.timeline.append((round(elapsed, 1), round(sum(now.values()) / 2**30, 2)))
+            if self.limit is not None and sum(now.values()) > self.limit and self.stopped_at is None:
+                self.stopped_at = round(elapsed, 1)
+                kill_tree(self.root)
             self.stopped.wait(self.interval)
 
     def stop(self) -> int:
@@ -229,7 +256,14 @@ class TreeSampler(threading.Thread):
         return self.peak
 
 
-def measure(configuration: Configuration, settings: dict[str, Any], steps: int, accelerator: str, timeout: float):
+def measure(
+    configuration: Configuration,
+    settings: dict[str, Any],
+    steps: int,
+    accelerator: str,
+    timeout: float,
+    host_limit: int | None = None,
+):
     """One short fit in a fresh process tree: (per-device GPU peaks, host peak of the tree, each rank's resident
     memory by stage, rank 0's speed and losses, failure or None)."""
     with tempfile.TemporaryDirectory(prefix="memory-accuracy-") as scratch:
@@ -245,16 +279,19 @@ def measure(configuration: Configuration, settings: dict[str, Any], steps: int, 
             stderr=subprocess.STDOUT,
             text=True,
         )
-        sampler = TreeSampler(process.pid)
+        sampler = TreeSampler(process.pid, limit=host_limit)
         sampler.start()
         try:
             output, _ = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for pid in reversed(_descendants(process.pid)):
-                with contextlib.suppress(OSError):  # it ended on its own meanwhile
-                    os.kill(pid, 9)
+            kill_tree(process.pid)
             output, _ = process.communicate()
         host_peak = sampler.stop()
+        if sampler.stopped_at is not None:
+            output += (
+                f"\nStopped by the harness {sampler.stopped_at} s in: the process tree's resident memory passed "
+                f"--host-limit {host_limit / 2**30:.1f} GiB.\n"
+            )
         print(json.dumps({"host_peak_by_process_gib": {k: round(v / 2**30, 2) for k, v in sampler.at_peak.items()}}))
         ranks = sorted(Path(scratch).glob("rank-*.json"))
         records = [json.loads(path.read_text()) for path in ranks]
@@ -363,12 +400,12 @@ def child(spec_path: Path) -> None:
     from lightning.pytorch import Trainer
 
     from lightning_strategies import get_registry
-    from tools.benchmark.lightning_runs import GPTModule, RecordSteps
+    from tools.benchmark.lightning_runs import GPTModule, RecordSteps, builtin_strategy
     from tools.benchmark.measure import RandomTokens, Workload, rank
 
     spec = json.loads(spec_path.read_text())
     workload = Workload(
-        run=f"trainer:{spec['strategy']}",
+        run=spec["strategy"] if spec["strategy"].startswith(BUILTIN) else f"trainer:{spec['strategy']}",
         size=spec["size"],
         batch_size=spec["micro_batch"],
         length=spec["length"],
@@ -378,7 +415,11 @@ def child(spec_path: Path) -> None:
         accelerator=spec["accelerator"],
         activation_checkpointing=spec["activation_checkpointing"],
     )
-    strategy = get_registry().resolve(spec["strategy"], **spec["settings"])
+    name = spec["strategy"]
+    if name.startswith(BUILTIN):  # its settings are those its name stands for
+        strategy = builtin_strategy(name.removeprefix(BUILTIN))
+    else:
+        strategy = get_registry().resolve(name, **spec["settings"])
     stages = host_stages_callback(Path(spec["results"], f"stages-{rank()}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
     phases = phase_times_callback()
@@ -400,7 +441,7 @@ def child(spec_path: Path) -> None:
     if spec["same_batch"]:
         data = torch.utils.data.Subset(data, [i % workload.batch_size for i in range(len(data))])
     loader = torch.utils.data.DataLoader(data, batch_size=workload.batch_size)
-    trainer.fit(GPTModule(workload, optimizer_for(spec["strategy"], spec["settings"])), loader)
+    trainer.fit(GPTModule(workload, optimizer_for(name.removeprefix(BUILTIN), spec["settings"])), loader)
     device = trainer.strategy.root_device
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     # The stages are in their own file already (written as each was reached).
@@ -455,8 +496,9 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
     records = []
     for configuration in configurations:
         predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory)
+        limit = None if arguments.host_limit is None else int(arguments.host_limit * 2**30)
         gpu_peaks, host_peak, host_stages, speed, failure = measure(
-            configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout
+            configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout, limit
         )
         gpu_measured = max(gpu_peaks) / 2**30 if gpu_peaks and None not in gpu_peaks else None
         host_measured = host_peak / 2**30
@@ -498,6 +540,7 @@ def parser() -> argparse.ArgumentParser:
     main.add_argument("--gpu-memory", type=float, default=139.0, help="GiB per GPU the prediction assumes")
     main.add_argument("--host-memory", type=float, default=128.0, help="GiB of host memory the prediction assumes")
     main.add_argument("--timeout", type=float, default=540, help="seconds one fit may take")
+    main.add_argument("--host-limit", type=float, help="GiB of resident memory at which a fit is stopped")
     main.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     main.add_argument("--cpu-smoke", action="store_true", help="the tiny CPU configuration (tests the harness)")
     return main
