@@ -7,6 +7,7 @@ import gc
 import math
 import os
 import re
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ class Recorder:
         # The host's 1-minute load when timing starts and the GPU's SM clock when it ends: a busy host or a
         # throttled GPU, told apart from a slower program.
         self.host: dict[str, Any] = {}
+        self.usage_before: dict[str, float] = {}
 
     def step_ended(self, loss: torch.Tensor) -> None:
         self.losses.append(loss.detach().float().reshape(()).clone())
@@ -92,6 +94,7 @@ class Recorder:
             self.allocator_before = allocator_counts(self.device)
             self.host = {"load_average": os.getloadavg()[0], "usable_cpus": len(os.sched_getaffinity(0))}
             gc.callbacks.append(self._gc_event)
+            self.usage_before = cpu_usage()
             self.started = time.perf_counter()
             self.step_ends = [self.started]
         elif len(self.losses) > self.workload.warmup_steps:
@@ -105,6 +108,7 @@ class Recorder:
                 self.allocator = {key: after[key] - self.allocator_before.get(key, 0) for key in after}
                 self.peaks = memory_peaks(self.device)
                 self.host["gpu_clock_mhz"] = gpu_clock(self.device)
+                self.host.update(cpu_usage_since(self.usage_before, self.stopped - self.started))
 
     def _gc_event(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -175,6 +179,26 @@ def allocator_counts(device: torch.device) -> dict[str, int]:
         "device_frees": int(stats.get("num_device_free", 0)),
         "allocation_retries": int(stats.get("num_alloc_retries", 0)),
     }
+
+
+def cpu_usage() -> dict[str, float]:
+    """CPU seconds and context switches so far, of the calling thread (the training loop's) and the process."""
+    thread, process = resource.getrusage(resource.RUSAGE_THREAD), resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "main_thread_cpu_seconds": thread.ru_utime + thread.ru_stime,
+        "process_cpu_seconds": process.ru_utime + process.ru_stime,
+        "main_thread_voluntary_switches": thread.ru_nvcsw,
+        "main_thread_involuntary_switches": thread.ru_nivcsw,
+    }
+
+
+def cpu_usage_since(before: dict[str, float], wall_seconds: float) -> dict[str, float]:
+    """What the timed steps cost the CPU. A training loop whose thread is busy for nearly all of the wall time
+    is bound by the host, not the GPU: its speed then follows the core it runs on (involuntary switches count
+    the times the scheduler took that core away)."""
+    after = cpu_usage()
+    spent = {key: after[key] - before[key] for key in after}
+    return {**spent, "main_thread_busy": spent["main_thread_cpu_seconds"] / wall_seconds}
 
 
 def gpu_clock(device: torch.device) -> int | None:

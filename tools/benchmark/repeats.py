@@ -69,6 +69,8 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "median_setup_seconds": median([record.get("setup_seconds") for record in ok]),
                 "median_gc_seconds": median([record.get("gc_seconds") for record in ok]),
                 "longest_step_over_median": median([longest_over_median(record.get("step_seconds")) for record in ok]),
+                # Each run's, beside tokens_per_second: whether the slow runs were the ones bound by the host.
+                "main_thread_busy": [record.get("main_thread_busy") for record in ok],
             }
         )
     by_id = {(row["run"], row["size"], row["devices"]): row for row in rows}

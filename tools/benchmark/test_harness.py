@@ -204,6 +204,9 @@ def test_the_trainer_run_logs_every_step_shows_a_progress_bar_and_saves_a_checkp
         assert len(record["step_seconds"]) == record["timed_steps"]
         assert record["gc_seconds"] >= 0 and record["gc_collections"] >= 0
         assert record["load_average"] >= 0 and record["usable_cpus"] >= 1 and record["gpu_clock_mhz"] is None
+        # The training loop's thread ran on the CPU for part of the timed wall time (all of it, on CPU).
+        assert 0 < record["main_thread_cpu_seconds"] <= record["process_cpu_seconds"]
+        assert record["main_thread_busy"] > 0 and record["main_thread_involuntary_switches"] >= 0
     for record in (r for r in records if r["run"] == "trainer:fsdp"):
         assert record["loss_logged_steps"] == record["warmup_steps"] + record["timed_steps"]
         assert record["loss_in_progress_bar"] is True and record["progress_bar"] == "TQDMProgressBar"
