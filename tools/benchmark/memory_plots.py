@@ -8,6 +8,7 @@ model size for the runs that recorded their speed.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,31 @@ COLOURS = {"colossalai": "#2ca02c", "deepspeed": "#d62728", "fsdp": "#1f77b4"}
 
 
 def measured_configurations(results: Path) -> list[dict[str, Any]]:
-    """Every configuration that trained, the newest measurement of each id (files sort by date)."""
+    """Every configuration that trained, the newest measurement of each id: by the commit it ran at, in the
+    repository's history (records of one day share a date, and file names do not sort by time)."""
+    order = commit_order(results)
+    trained = [
+        record
+        for path in sorted(results.glob("*memory-accuracy*.json"))
+        for record in json.loads(path.read_text())
+        if not record.get("failure") and record.get("gpu_measured_gib") is not None
+    ]
     latest: dict[str, dict[str, Any]] = {}
-    for path in sorted(results.glob("*memory-accuracy*.json")):
-        for record in json.loads(path.read_text()):
-            if not record.get("failure") and record.get("gpu_measured_gib") is not None:
-                latest[record["id"]] = record
+    # Records from before they carried a commit come first; sorted() keeps file order among equals.
+    for record in sorted(trained, key=lambda record: order.get(record.get("git_commit") or "", -1)):
+        latest[record["id"]] = record
     return sorted(latest.values(), key=lambda record: (billions(record), record["id"]))
+
+
+def commit_order(folder: Path) -> dict[str, int]:
+    """Commit, abbreviated as records name it (7 to 12 characters) -> its position in the history, oldest
+    first; empty outside a git checkout."""
+    listing = subprocess.run(
+        ["git", "rev-list", "--reverse", "HEAD"],
+        cwd=folder, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    commits = listing.stdout.split() if listing.returncode == 0 else []
+    return {commit[:length]: index for index, commit in enumerate(commits) for length in range(7, 13)}
 
 
 def billions(record: dict[str, Any]) -> float:
@@ -59,7 +78,7 @@ def write(results: Path) -> list[Path]:
               color="#fd8d3c", label="host, all processes (peak resident)")  # fmt: skip
     axes.set_yticks(list(positions), names)
     axes.invert_yaxis()
-    axes.set_xlabel("peak memory (GiB), measured on H200s with 128 GiB of host memory")
+    axes.set_xlabel("peak memory (GiB) on one H200 (ids h100-: one H100), 128 GiB of host memory")
     axes.set_title("Where each configuration kept its memory")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     written = [save(figure, results / "which-strategy-memory.png")]
@@ -77,7 +96,7 @@ def write(results: Path) -> list[Path]:
                 axes.scatter([], [], color=colour, label=name)
         axes.set_yscale("log")
         axes.set_xlabel("model size (billions of parameters)")
-        axes.set_ylabel("tokens/s on one H200 (log scale)")
+        axes.set_ylabel("tokens/s on one H200 (ids h100-: one H100), log scale")
         axes.set_title("Speed against model size (settings and workloads: docs/which-strategy.md)")
         axes.legend()
         written.append(save(figure, results / "which-strategy-throughput.png"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,35 @@ def test_which_strategy_plots_keep_the_newest_measurement_of_each_trained_config
     written = memory_plots.write(tmp_path)
     assert [path.name for path in written] == ["which-strategy-memory.png", "which-strategy-throughput.png"]
     assert all(path.stat().st_size > 0 for path in written)
+
+
+def test_which_strategy_plots_take_the_record_of_the_later_commit_whatever_the_file_names(tmp_path: Path) -> None:
+    from tools.benchmark import memory_plots
+
+    identity = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    environment = {**os.environ, **identity}
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    for message in ("older", "newer"):
+        subprocess.run(
+            ["git", "commit", "-q", "--allow-empty", "-m", message], cwd=tmp_path, env=environment, check=True
+        )
+    listing = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    older, newer = (commit[:7] for commit in listing.stdout.split())
+
+    def record(commit: str | None, gpu: float) -> dict:
+        return {"id": "a", "strategy": "deepspeed_stage_3", "size": "1.3b", "length": 1024, "gpu_measured_gib": gpu,
+                "host_measured_gib": 3.0, "git_commit": commit}  # fmt: skip
+
+    # File names sort the newer commit's record first, and a record from before commits were kept last.
+    (tmp_path / "a-memory-accuracy.json").write_text(json.dumps([record(newer, 2.0)]))
+    (tmp_path / "b-memory-accuracy.json").write_text(json.dumps([record(older, 1.0)]))
+    (tmp_path / "c-memory-accuracy.json").write_text(json.dumps([record(None, 0.5)]))
+    assert [r["gpu_measured_gib"] for r in memory_plots.measured_configurations(tmp_path)] == [2.0]
 
 
 def test_report_without_results_says_none_were_measured(tmp_path: Path) -> None:
