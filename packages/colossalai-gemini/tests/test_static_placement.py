@@ -97,3 +97,15 @@ def test_nothing_is_pinned_unless_asked(ten_parameters_in_four_chunks, named_gpu
     manager, parameters = ten_parameters_in_four_chunks
     offloaded_chunks(share_by_chunk_policy(), manager, parameters, 0.5)
     assert not any(manager.get_chunk(p).pin_memory for p in parameters)
+
+
+def test_a_refused_pin_says_how_to_keep_the_chunks_pageable(ten_parameters_in_four_chunks, named_gpu):
+    from lightning_strategies.pinned import PinningError
+
+    manager, parameters = ten_parameters_in_four_chunks
+
+    def refuse(elements, dtype):
+        raise PinningError("CUDA could not page-lock 0.00 GiB of host memory.")
+
+    with pytest.raises(PinningError, match="Pass pin_memory=False"):
+        offloaded_chunks(share_by_chunk_policy(True, refuse), manager, parameters, 0.5)

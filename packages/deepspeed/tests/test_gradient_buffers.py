@@ -68,3 +68,14 @@ def test_it_applies_to_host_offload_without_fp16(attributes, applies):
     assert gradient_buffers.applies(optimizer) is applies
     if not applies:
         assert gradient_buffers.keep_gradients_with_their_optimizer(optimizer, torch.device("cpu")) is None
+
+
+def test_where_cuda_refuses_to_pin_it_warns_and_goes_on_pageable():
+    from lightning_strategies.pinned import PinningError
+
+    def refuse():
+        raise PinningError("CUDA could not page-lock 1.00 GiB of host memory.")
+
+    with pytest.warns(UserWarning, match="stay in pageable memory.*offload_optimizer=<ratio>"):
+        assert gradient_buffers._pinned(refuse) is False
+    assert gradient_buffers._pinned(lambda: None) is True

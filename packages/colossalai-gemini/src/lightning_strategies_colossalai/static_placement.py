@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
-from lightning_strategies.pinned import pin_exactly
+from lightning_strategies.pinned import PinningError, pin_exactly
 
 _SWAPPING = threading.Lock()
 
@@ -60,7 +60,10 @@ def share_by_chunk_policy(pin_offloaded: bool = False, pin: Callable[[int, Any],
                 for chunk in offloaded:
                     if not chunk.pin_memory:
                         # A pinned chunk keeps its host copy and copies into it (Chunk.shard_move).
-                        chunk.cpu_shard = pin(chunk.shard_size, chunk.dtype)
+                        try:
+                            chunk.cpu_shard = pin(chunk.shard_size, chunk.dtype)
+                        except PinningError as error:
+                            raise PinningError(f"{error} Pass pin_memory=False to keep them pageable.") from error
                         chunk.pin_memory = True
             total = sum(chunk.chunk_mem for chunk in chunks)
             self.keep_gathered_chunk_mem = total * (1 - self.shard_param_frac)

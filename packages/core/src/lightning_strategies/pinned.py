@@ -11,7 +11,11 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-__all__ = ["pin_exactly", "pin_in_place"]
+__all__ = ["PinningError", "pin_exactly", "pin_in_place"]
+
+
+class PinningError(RuntimeError):
+    """CUDA refused to page-lock host memory. The caller knows what its user can change, and says so."""
 
 
 def pin_exactly(elements: int, dtype: Any) -> Any:
@@ -32,8 +36,9 @@ def pin_in_place(tensor: Any) -> bool:
     runtime = torch.cuda.cudart()
     error = runtime.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
     if error != 0:
-        raise RuntimeError(
-            f"cudaHostRegister of {tensor.nbytes} bytes of host memory failed ({error}); pass pin_memory=False"
+        raise PinningError(
+            f"CUDA could not page-lock {tensor.nbytes / 2**30:.2f} GiB of host memory (cudaHostRegister error "
+            f"{error}): the host's locked-memory limit (ulimit -l) or its free memory is too small."
         )
     # Unregistered as the tensor goes, before its memory can be freed.
     weakref.finalize(tensor, runtime.cudaHostUnregister, tensor.data_ptr())

@@ -10,18 +10,22 @@ parameter of the model was the host memory found, and forward with backward took
 Here the sub-groups whose optimizer stays on the GPU accumulate straight into their fp32 gradient there, which
 DeepSpeed keeps for the step anyway (so the GPU holds nothing more, and accumulates in fp32), and only the
 offloaded sub-groups keep a 16-bit slot on the host, page-locked at its exact size where CUDA runs so that
-backward's copies do not stall. DeepSpeed's ``offload_states()``, which rebuilds the slots from its one buffer,
-is not supported with this; Lightning does not call it.
+backward's copies do not stall. That pinning does not follow ``pin_memory``, which is DeepSpeed's option for its
+own host buffers (the offloaded master weights and moments); where CUDA refuses it, the strategy warns and keeps
+these buffers pageable. DeepSpeed's ``offload_states()``, which rebuilds the slots from its one buffer, is not
+supported with this; Lightning does not call it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 
-from lightning_strategies.pinned import pin_exactly, pin_in_place
+from lightning_strategies.pinned import PinningError, pin_in_place
 
 # DeepSpeed's per-parameter gradient slots, a name-mangled attribute of DeepSpeedZeroOptimizer_Stage3.
 _SLOTS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
@@ -46,6 +50,19 @@ def applies(optimizer: Any) -> bool:
         and not getattr(optimizer, "swap_optimizer", False)
         and optimizer.dtype != torch.float16
     )
+
+
+def _pinned(pin: Callable[[], Any]) -> bool:
+    """Run ``pin``; where CUDA refuses, warn and go on with pageable memory (slower copies, the same training)."""
+    try:
+        pin()
+    except PinningError as error:
+        rank_zero_warn(
+            f"{error} The offloaded gradients stay in pageable memory, so each backward's copies to the host wait "
+            "for the GPU. Raise the limit, or offload a smaller share (offload_optimizer=<ratio>) to pin them."
+        )
+        return False
+    return True
 
 
 def keep_gradients_with_their_optimizer(
@@ -75,7 +92,8 @@ def keep_gradients_with_their_optimizer(
     slots.clear()
     pinned = device.type == "cuda" if pin is None else pin
     host_elements = sum(parameter.partition_numel() for parameter in hosted)
-    host = pin_exactly(host_elements, dtype) if pinned else torch.empty(host_elements, dtype=dtype)
+    host = torch.empty(host_elements, dtype=dtype)
+    pinned = pinned and _pinned(lambda: pin_in_place(host))
     host.zero_()
     position = 0
     for parameter in hosted:
@@ -86,9 +104,8 @@ def keep_gradients_with_their_optimizer(
         slots[parameter.ds_id] = slot
     if pinned:
         # The boundary copies the offloaded share's gradients into these fp32 tensors, which CPU Adam reads.
-        for group in optimizer.fp32_partitioned_groups_flat:
-            if group.grad.device.type == "cpu":
-                pin_in_place(group.grad)
+        offloaded = [group.grad for group in optimizer.fp32_partitioned_groups_flat if group.grad.device.type == "cpu"]
+        _pinned(lambda: [pin_in_place(gradient) for gradient in offloaded])
     optimizer.grad_partitions_flat_buffer = host
     kept_elements = sum(slot.numel() for _, slot in kept)
     return GradientPlacement(kept_elements, host_elements, replaced, pinned)

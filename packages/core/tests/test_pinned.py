@@ -1,0 +1,45 @@
+"""Page-locking in place. CUDA cannot exist here: a stand-in for torch's CUDA runtime answers cudaHostRegister,
+as the real one does, with 0 or an error code."""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lightning_strategies import pinned
+
+
+def runtime(answer: int, calls: list[tuple[str, int]]) -> SimpleNamespace:
+    def register(pointer: int, size: int, flags: int) -> int:
+        calls.append(("register", size))
+        return answer
+
+    return SimpleNamespace(cudaHostRegister=register, cudaHostUnregister=lambda pointer: calls.append(("free", 0)))
+
+
+def test_a_refused_registration_names_the_size_and_what_limits_it(monkeypatch):
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: runtime(2, calls))
+    with pytest.raises(pinned.PinningError, match=r"page-lock 0\.50 GiB .* error 2\).*ulimit -l"):
+        pinned.pin_in_place(torch.empty(2**27, dtype=torch.float32))
+    assert calls == [("register", 2**29)]
+
+
+def test_registered_memory_is_unregistered_when_its_tensor_goes(monkeypatch):
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: runtime(0, calls))
+    tensor = torch.empty(10, dtype=torch.float16)
+    assert pinned.pin_in_place(tensor) is True
+    del tensor
+    gc.collect()
+    assert calls == [("register", 20), ("free", 0)]
+
+
+def test_nothing_to_pin_is_not_registered(monkeypatch):
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: runtime(0, calls))
+    assert pinned.pin_in_place(torch.empty(0)) is False
+    assert calls == []
