@@ -91,7 +91,7 @@ LARGEST = [
                   activation_checkpointing=True, same_batch=True, accumulate=4),
     # DeepSpeed at 13B, once its offloaded gradients stopped round-tripping through the host (b80b905): the plan
     # finds no share within its margins on one H200 (run with --gpu-memory 155 --host-memory 135 for the share
-    # that fits without them, 50%) and predicts 134 GiB on the GPU; 8 sequences a micro-batch keep the
+    # that fits without them, 50%) and predicts 132 GiB on the GPU; 8 sequences a micro-batch keep the
     # activations small, 8 micro-batches a step keep the optimizer's share of the time.
     Configuration("largest-ds3-13b-accumulate-8", "deepspeed_stage_3", "13b", micro_batch=8, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=8),

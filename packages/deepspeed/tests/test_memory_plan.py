@@ -22,6 +22,8 @@ from lightning_strategies_deepspeed.memory import (
     ZeroSetting,
     candidates,
     choose_offload_ratio,
+    gpu_share,
+    partial_offload_sub_group_size,
     predict,
 )
 
@@ -55,14 +57,16 @@ def test_model_states_are_sixteen_bytes_per_parameter_partitioned_by_stage():
 
 def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     workload = Workload.build("2.7B")
-    none, half, full = (predict(workload, 1, ZeroSetting(3, ratio)) for ratio in (0.0, 0.5, 1.0))
+    sub_groups = {"sub_group_size": partial_offload_sub_group_size(workload, 1)}
+    none, half, full = (predict(workload, 1, ZeroSetting(3, ratio), sub_groups) for ratio in (0.0, 0.5, 1.0))
     assert none.gpu_bytes > half.gpu_bytes > full.gpu_bytes
     assert none.host_bytes < half.host_bytes < full.host_bytes
     assert 0 == none.offloaded_fraction < half.offloaded_fraction < full.offloaded_fraction
-    # Half the optimizer side (master + moments, 12 bytes) and of the bf16 gradients (2) leaves the GPU. The peak
-    # is backward's start, with the activations alive; the fp32 gradients of the step come after them.
+    # Without offload the GPU holds the bf16 gradients (2 bytes) and the optimizer side (master + moments, 12);
+    # with half offloaded, the optimizer side and a standing fp32 gradient (4) of the half it keeps. The peak is
+    # backward's start, with the activations alive.
     moved = none.gpu_bytes - half.gpu_bytes
-    assert moved == pytest.approx(0.5 * (12 + 2) * workload.parameters, rel=0.001)
+    assert moved == pytest.approx((2 + 12 - 0.5 * (12 + 4)) * workload.parameters, rel=0.001)
     # On the host, the larger of two moments: set-up, where DeepSpeed holds a 16-bit gradient slot for every
     # parameter beside the offloaded fp32 masters and gradients, and training, with CPU Adam's moments and slots
     # for the offloaded share alone (staging).
@@ -74,6 +78,25 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
         assert (setup > training) is (moment == "set-up")
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
+
+
+def test_the_gpu_keeps_whole_sub_groups_as_deepspeed_rounds_them():
+    # DeepSpeed keeps the first int((1 - ratio) * sub-groups) on the GPU: 20 sub-groups take a ratio in 5% steps,
+    # and its default size (one sub-group) offloads everything whatever the ratio.
+    assert gpu_share(0.45, 1000, 50) == pytest.approx(0.55)
+    assert gpu_share(0.47, 1000, 50) == pytest.approx(0.5)
+    assert gpu_share(0.5, 1000, settings.DEFAULTS["sub_group_size"]) == 0
+    workload = Workload.build("2.7B")
+    one_group = predict(workload, 1, ZeroSetting(3, 0.5))
+    assert one_group.gpu_bytes == pytest.approx(predict(workload, 1, ZeroSetting(3, 1.0)).gpu_bytes)
+
+
+def test_the_plans_predictions_use_the_sub_groups_it_sets():
+    workload = Workload.build("6.7B", activation_checkpointing=True)
+    (chosen,) = [c for c in candidates(workload, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+    ratio = chosen.settings["offload_optimizer"]
+    expected = predict(workload, 1, ZeroSetting(3, ratio), chosen.settings)
+    assert chosen.gpu_peak_gib == pytest.approx(expected.gpu_bytes / GIB, abs=0.01)
 
 
 def test_the_issue_measurement_of_2_7b_offload_is_within_ten_percent():

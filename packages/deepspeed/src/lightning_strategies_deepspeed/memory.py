@@ -37,6 +37,7 @@ OFFLOAD_HOST_OVERHEAD_BYTES = 3
 ZERO3_SETUP_HOST_BYTES = 2
 # CPU Adam reads fp32 gradients: each offloaded parameter's gradient is kept in host memory in fp32.
 HOST_GRADIENT_BYTES = 4
+FP32_GRADIENT_BYTES = 4
 # With any optimizer offload ZeRO-3 allocates a 16-bit gradient slot on the host for every parameter of the model
 # at set-up; the strategy then replaces it by slots for the offloaded share alone (gradient_buffers.py), before
 # CPU Adam's moments arrive with the first step. Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after
@@ -78,6 +79,14 @@ def predict(
     gradients *= 1 - ratio if stage >= 2 else 1
     optimizer_side = per_rank * states.optimizer_side if stage >= 1 else count * states.optimizer_side
     gpu_optimizer = optimizer_side * (1 - ratio)
+    kept_in_fp32 = stage == 3 and ratio > 0
+    if kept_in_fp32:
+        # ZeRO-3 with an optimizer offload keeps its 16-bit gradient slots on the host and gives each GPU-held
+        # sub-group a standing fp32 gradient, into which backward accumulates (gradient_buffers.py). Whole
+        # sub-groups stay: the GPU's share is DeepSpeed's rounding of the ratio, not the ratio.
+        share = gpu_share(ratio, per_rank, options["sub_group_size"])
+        gradients = per_rank * FP32_GRADIENT_BYTES * share
+        gpu_optimizer = optimizer_side * share
 
     largest_module = max(shape.block_parameters(), shape.vocabulary * shape.hidden)
     step_buffers = 0.0
@@ -85,8 +94,8 @@ def predict(
         # Parameters gathered for the module being run, the next one being prefetched, and the reduce bucket.
         gathered = (2 * largest_module + STAGE3_PREFETCH_BUCKET_ELEMENTS) * states.weights
         buffers = gathered + options["reduce_bucket_size"] * states.gradients * (2 if options["overlap_comm"] else 1)
-        # The step works on fp32 gradients of one sub-group of the GPU's partition at a time.
-        step_buffers = min(options["sub_group_size"], per_rank) * 4 * (1 - ratio)
+        # Without offload the step makes fp32 gradients for one sub-group of the GPU's partition at a time.
+        step_buffers = 0.0 if kept_in_fp32 else min(options["sub_group_size"], per_rank) * FP32_GRADIENT_BYTES
     elif stage >= 1:
         factor = OVERLAP_COMM_BUCKET_FACTOR if options["overlap_comm"] else 1.0
         buckets = max(options["reduce_bucket_size"], options["allgather_bucket_size"])
@@ -137,13 +146,26 @@ def predict(
 PARTIAL_OFFLOAD_SUB_GROUPS = 20
 
 
+def gpu_share(ratio: float, per_rank: float, sub_group_size: float) -> float:
+    """The share of a process's partition whose optimizer DeepSpeed keeps on the GPU for an offload ``ratio``:
+    the first ``int((1 - ratio) * sub-groups)`` sub-groups, as its ZeRO-3 optimizer places them (with one
+    sub-group, DeepSpeed's default size, nothing stays)."""
+    groups = max(1, math.ceil(per_rank / sub_group_size))
+    return int((1 - ratio) * groups) / groups
+
+
+def partial_offload_sub_group_size(workload: Workload, gpus: int) -> int:
+    """The sub-group size the plan sets with a partial offload: a PARTIAL_OFFLOAD_SUB_GROUPS-th of a partition."""
+    return max(1, math.ceil(workload.parameters / gpus / PARTIAL_OFFLOAD_SUB_GROUPS))
+
+
 def _settings(setting: ZeroSetting, workload: Workload, gpus: int) -> dict[str, Any]:
     settings: dict[str, Any] = {"stage": setting.stage}
     if setting.optimizer_offload >= 1:
         settings["offload_optimizer"] = True
     elif setting.optimizer_offload > 0:
         settings["offload_optimizer"] = round(setting.optimizer_offload, 3)
-        settings["sub_group_size"] = max(1, math.ceil(workload.parameters / gpus / PARTIAL_OFFLOAD_SUB_GROUPS))
+        settings["sub_group_size"] = partial_offload_sub_group_size(workload, gpus)
     if setting.offload_parameters:
         settings["offload_parameters"] = True
     if setting.nvme:
@@ -153,13 +175,14 @@ def _settings(setting: ZeroSetting, workload: Workload, gpus: int) -> dict[str, 
 
 def _candidate(name: str, workload: Workload, machine: Machine, setting: ZeroSetting, preference: int) -> Candidate:
     gpus = max(1, machine.gpus)
-    prediction = predict(workload, gpus, setting)
+    chosen = _settings(setting, workload, gpus)
+    prediction = predict(workload, gpus, setting, chosen)  # with the sub-groups the settings ask for
     notes = []
     if 0 < setting.optimizer_offload < 1:
         notes.append(f"offloads {setting.optimizer_offload:.0%} of the optimizer states (DeepSpeed's offload ratio)")
     return candidate(
         name,
-        _settings(setting, workload, gpus),
+        chosen,
         prediction.gpu_bytes,
         prediction.host_bytes,
         machine,
@@ -175,7 +198,8 @@ def choose_offload_ratio(workload: Workload, machine: Machine) -> float | None:
     gpus = max(1, machine.gpus)
 
     def peaks(ratio: float) -> tuple[float, float]:
-        prediction = predict(workload, gpus, ZeroSetting(3, ratio))
+        setting = ZeroSetting(3, ratio)
+        prediction = predict(workload, gpus, setting, _settings(setting, workload, gpus))
         return prediction.gpu_bytes, prediction.host_bytes
 
     return smallest_fitting_fraction(peaks, with_choice_margin(machine))
