@@ -74,6 +74,24 @@ medians 45,988 and 44,121, so the Trainer at 0.96 of by hand. What the records r
   Medians 49,467 and 48,271: the Trainer at **0.98** of by hand, and both above the unpinned medians (45,988
   and 44,121). So the host's scheduling is part of the spread, not all of it: what slows the last round is not
   found. Within 5% over five runs is not met, for ColossalAI by hand either.
+- **The cause: at 8 sequences a step the GPU waits on the host** (eighth session, commit fa7133c, one H200,
+  unpinned, no checkpoint). Five Trainer runs with **16** sequences a step: 56,105 to 56,593 tokens/s, **0.9%
+  apart** (MFU 48%). With 8, in the same call: by hand 25.6% apart and the Trainer 22.3% (tables only: the
+  per-run records did not come back from the machine), and in a second call by hand 45,918 to 51,367 (11.9%),
+  the Trainer 44,652 to 50,760 (13.7%), medians 47,602 and 48,852 (the Trainer at 1.03 of by hand). At 16
+  sequences a step takes 0.29 s, 18 ms a sequence; had the GPU been the bound at 8, a step would take about
+  0.145 s and give about 56,000 tokens/s. It took 0.155 to 0.19 s: for part of each step the GPU waited for
+  work from the host (Gemini's per-parameter hooks and chunk bookkeeping, the same for 8 sequences as for 16),
+  and that part follows how fast the host runs the same Python, which varies between runs on this shared
+  virtual machine. Consistent with that, not proof of it: the slowest Trainer run's training thread used 1.12 CPU
+  seconds over the timed steps against 0.87 to 0.96 in the others, with 1 to 4 involuntary context switches in
+  every run (so no core was taken away).
+  With 16 sequences the GPU's queue stays ahead of the host, and the host's speed no longer shows. Each run
+  now records its training thread's and its process's CPU seconds and context switches (`main_thread_busy`,
+  the thread's CPU seconds over the timed wall time: 0.46 to 0.61 here). The process's CPU seconds equal the
+  wall time in every run, fast or slow, at 8 or 16 sequences: a thread spins while it waits, so CPU seconds do
+  not tell host work from waiting. Not measured yet: by hand at 16 sequences, so the drop-in ratio for that
+  configuration is open.
 
 With the realistic checkpoint at the end (the session before, 2 rounds of 5 in the time), the Trainer's save
 took 114 to 120 s against 82 to 86 s by hand. The Trainer's run is unpinned (the strategy's default for this
