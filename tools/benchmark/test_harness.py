@@ -367,3 +367,29 @@ def test_resident_memory_of_a_rank_and_of_the_tree_read_the_same_status_fields()
     assert len(ours) == 1 and abs(ours[0][1] / 2**30 - now) < 0.1  # the same VmRSS, read a moment apart
     assert any(name.startswith(f"{child.pid} sleep anon/file/shmem/hwm kB ") for name in tree), tree
     assert all("?" not in name for name in tree)  # every kind of resident memory was found in the status
+
+
+def test_a_tree_over_the_host_limit_is_stopped_and_the_moment_noted() -> None:
+    from tools.benchmark.memory_accuracy import TreeSampler
+
+    holder = "import time; held = bytearray(400 * 2**20); time.sleep(60)"  # 400 MiB resident, then waits
+    process = subprocess.Popen([sys.executable, "-c", holder])
+    sampler = TreeSampler(process.pid, interval=0.05, limit=200 * 2**20)
+    sampler.start()
+    try:
+        returncode = process.wait(timeout=30)
+    finally:
+        process.kill()
+        peak = sampler.stop()
+    assert returncode == -9 and sampler.stopped_at is not None
+    assert peak > 200 * 2**20
+
+
+def test_lightning_builtin_is_predicted_as_our_strategy_of_the_same_settings() -> None:
+    pytest.importorskip("lightning_strategies_deepspeed")
+    from tools.benchmark.memory_accuracy import BY_ID, prediction
+
+    builtin = BY_ID["builtin-ds3-offload-13b-accumulate-8"]
+    predicted = prediction(builtin, 139, 125)
+    assert predicted["strategy"] == "deepspeed_stage_3_offload" and predicted["settings"] == builtin.settings
+    assert predicted["fits"] is False  # every state offloaded: far more than 125 GiB of host memory
