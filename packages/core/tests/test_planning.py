@@ -111,6 +111,17 @@ def test_fits_leaves_room_for_the_cuda_context_and_host_headroom():
     assert not candidate("x", {}, 0, 0, Machine(0, 0, 100 * GIB)).fits  # no GPU
 
 
+def test_a_plan_that_leaves_little_of_the_gpu_free_advises_expandable_segments(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    machine = Machine(gpus=1, gpu_memory_bytes=79 * GIB, host_memory_bytes=128 * GIB)
+    (note,) = candidate("x", {}, 67.6 * GIB, 0, machine).notes  # the H100 plan that ran out of memory without
+    assert "leaves 11 GiB of each GPU free" in note and "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note
+    assert candidate("x", {}, 60 * GIB, 0, machine).notes == []  # 19 GiB free
+    assert candidate("x", {}, 67.6 * GIB, 200 * GIB, machine).notes == []  # does not fit: nothing to advise
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512,expandable_segments:True")
+    assert candidate("x", {}, 67.6 * GIB, 0, machine).notes == []  # already set
+
+
 def test_smallest_fitting_fraction_is_the_least_offload_that_fits():
     machine = Machine(gpus=1, gpu_memory_bytes=100 * GIB, host_memory_bytes=1000 * GIB)
     budget = machine.gpu_budget_bytes

@@ -52,6 +52,10 @@ ALLOCATOR_FRAGMENTATION = 0.08
 HOST_PROCESS_BASE_BYTES = int(2.0 * GIB)
 # What is left of host memory for training: the kernel, page cache and other processes keep the rest.
 HOST_HEADROOM = 0.08
+# Below this much free GPU memory a plan advises expandable segments: on an H100, 10.6B through Gemini planned at
+# 67.6 of 79 GiB ran out of memory in its first backward with 60 GiB allocated and 15 GiB reserved but unused, and
+# trained with them (64.6 GiB at the peak); plans leaving 21 GiB of an H200 trained without them.
+EXPANDABLE_SEGMENTS_BELOW_BYTES = 15 * GIB
 
 # Activations of a GPT block, bytes per token and unit of width, in 16-bit: the count of Korthikanti et al.
 # 2022 ("Reducing activation recomputation in large transformer models") without its s x s attention
@@ -370,6 +374,13 @@ def candidate(
 ) -> Candidate:
     """A Candidate from byte counts, with ``fits`` judged the same way for every package."""
     fits = fits_machine(gpu_peak_bytes, host_peak_bytes, machine, nvme_bytes)
+    notes = list(notes)
+    free = machine.gpu_memory_bytes - gpu_peak_bytes
+    if fits and free < EXPANDABLE_SEGMENTS_BELOW_BYTES and not expandable_segments_set():
+        notes.append(
+            f"leaves {free / GIB:.0f} GiB of each GPU free: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "before training starts, or fragmentation may run it out of memory"
+        )
     return Candidate(
         strategy,
         dict(settings),
@@ -377,10 +388,15 @@ def candidate(
         host_peak_bytes / GIB,
         fits,
         offloaded_fraction,
-        list(notes),
+        notes,
         preference,
         nvme_bytes / GIB,
     )
+
+
+def expandable_segments_set() -> bool:
+    """Whether this process's environment asks torch's allocator for expandable segments."""
+    return "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
 
 
 def fits_machine(gpu_peak_bytes: float, host_peak_bytes: float, machine: Machine, nvme_bytes: float = 0.0) -> bool:
