@@ -71,7 +71,7 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     # parameter beside the offloaded fp32 masters and gradients, and training, with CPU Adam's moments and slots
     # for the offloaded share alone (staging).
     for ratio, moment in ((0.1, "set-up"), (0.5, "training")):
-        host = predict(workload, 1, ZeroSetting(3, ratio)).host_bytes - host_base_bytes(1)
+        host = predict(workload, 1, ZeroSetting(3, ratio), sub_groups).host_bytes - host_base_bytes(1)
         training = ratio * (12 + HOST_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES)
         setup = ratio * (4 + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES
         assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
@@ -87,8 +87,12 @@ def test_the_gpu_keeps_whole_sub_groups_as_deepspeed_rounds_them():
     assert gpu_share(0.47, 1000, 50) == pytest.approx(0.5)
     assert gpu_share(0.5, 1000, settings.DEFAULTS["sub_group_size"]) == 0
     workload = Workload.build("2.7B")
-    one_group = predict(workload, 1, ZeroSetting(3, 0.5))
-    assert one_group.gpu_bytes == pytest.approx(predict(workload, 1, ZeroSetting(3, 1.0)).gpu_bytes)
+    one_group, everything = predict(workload, 1, ZeroSetting(3, 0.5)), predict(workload, 1, ZeroSetting(3, 1.0))
+    assert (one_group.gpu_bytes, one_group.host_bytes) == pytest.approx((everything.gpu_bytes, everything.host_bytes))
+    # 1 - 0.8 is 0.19999999999999996, so DeepSpeed keeps 3 of 20 sub-groups, not 4: both peaks follow it.
+    sub_groups = {"sub_group_size": partial_offload_sub_group_size(workload, 1)}
+    eighty, eighty_five = (predict(workload, 1, ZeroSetting(3, ratio), sub_groups) for ratio in (0.8, 0.85))
+    assert (eighty.gpu_bytes, eighty.host_bytes) == pytest.approx((eighty_five.gpu_bytes, eighty_five.host_bytes))
 
 
 def test_the_plans_predictions_use_the_sub_groups_it_sets():

@@ -70,6 +70,10 @@ def predict(
     count, states, shape = workload.parameters, workload.state_bytes(), workload.shape
     ratio, stage = setting.optimizer_offload, setting.stage
     per_rank = count / gpus
+    kept_in_fp32 = stage == 3 and ratio > 0
+    if kept_in_fp32:
+        # ZeRO-3 places whole sub-groups: what is offloaded is DeepSpeed's rounding of the ratio, not the ratio.
+        ratio = 1 - gpu_share(ratio, per_rank, options["sub_group_size"])
 
     weights = count * states.weights / (gpus if stage == 3 else 1)
     if setting.offload_parameters:
@@ -79,14 +83,10 @@ def predict(
     gradients *= 1 - ratio if stage >= 2 else 1
     optimizer_side = per_rank * states.optimizer_side if stage >= 1 else count * states.optimizer_side
     gpu_optimizer = optimizer_side * (1 - ratio)
-    kept_in_fp32 = stage == 3 and ratio > 0
     if kept_in_fp32:
         # ZeRO-3 with an optimizer offload keeps its 16-bit gradient slots on the host and gives each GPU-held
-        # sub-group a standing fp32 gradient, into which backward accumulates (gradient_buffers.py). Whole
-        # sub-groups stay: the GPU's share is DeepSpeed's rounding of the ratio, not the ratio.
-        share = gpu_share(ratio, per_rank, options["sub_group_size"])
-        gradients = per_rank * FP32_GRADIENT_BYTES * share
-        gpu_optimizer = optimizer_side * share
+        # sub-group a standing fp32 gradient, into which backward accumulates (gradient_buffers.py).
+        gradients = per_rank * FP32_GRADIENT_BYTES * (1 - ratio)
 
     largest_module = max(shape.block_parameters(), shape.vocabulary * shape.hidden)
     step_buffers = 0.0
