@@ -63,7 +63,9 @@ def share_by_chunk_policy(pin_offloaded: bool = False, pin: Callable[[int, Any],
                         try:
                             chunk.cpu_shard = pin(chunk.shard_size, chunk.dtype)
                         except PinningError as error:
-                            raise PinningError(f"{error} Pass pin_memory=False to keep them pageable.") from error
+                            raise PinningError(
+                                f"{error} Pass pin_memory=False to keep the offloaded chunks in pageable memory."
+                            ) from error
                         chunk.pin_memory = True
             total = sum(chunk.chunk_mem for chunk in chunks)
             self.keep_gathered_chunk_mem = total * (1 - self.shard_param_frac)

@@ -8,6 +8,7 @@ the memory with CUDA at its exact size instead.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -36,6 +37,7 @@ def pin_in_place(tensor: Any) -> bool:
     runtime = torch.cuda.cudart()
     error = runtime.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
     if error != 0:
+        _read_off_last_error()
         raise PinningError(
             f"CUDA could not page-lock {tensor.nbytes / 2**30:.2f} GiB of host memory (cudaHostRegister error "
             f"{error}): the host's locked-memory limit (ulimit -l) or its free memory is too small."
@@ -43,3 +45,13 @@ def pin_in_place(tensor: Any) -> bool:
     # Unregistered as the tensor goes, before its memory can be freed.
     weakref.finalize(tensor, runtime.cudaHostUnregister, tensor.data_ptr())
     return True
+
+
+def _read_off_last_error() -> None:
+    """CUDA keeps a failed call's error as the thread's last error until something reads it, and torch reads it
+    after its next kernel launch, reporting it as that kernel's failure. One launch here reads it off, so that a
+    caller that goes on without pinning is not stopped by it later."""
+    import torch
+
+    with contextlib.suppress(RuntimeError):  # the stale error, raised by torch's launch check, and so cleared
+        torch.ones(1, device="cuda")

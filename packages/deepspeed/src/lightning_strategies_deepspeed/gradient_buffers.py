@@ -19,11 +19,11 @@ supported with this; Lightning does not call it.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_warn
 
 from lightning_strategies.pinned import PinningError, pin_in_place
 
@@ -38,7 +38,7 @@ class GradientPlacement:
     kept_elements: int
     host_elements: int
     replaced_elements: int  # the size of DeepSpeed's own all-parameter buffer, now freed
-    pinned: bool
+    pinned: bool  # the host slots and the offloaded fp32 gradients, all page-locked
 
 
 def applies(optimizer: Any) -> bool:
@@ -57,9 +57,12 @@ def _pinned(pin: Callable[[], Any]) -> bool:
     try:
         pin()
     except PinningError as error:
-        rank_zero_warn(
-            f"{error} The offloaded gradients stay in pageable memory, so each backward's copies to the host wait "
-            "for the GPU. Raise the limit, or offload a smaller share (offload_optimizer=<ratio>) to pin them."
+        # Every rank says so: each may have its own share and its own free memory.
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        warnings.warn(
+            f"Rank {rank}: {error} Offloaded gradients stay in pageable memory, so each backward's copies to the "
+            "host wait for the GPU. Raise the limit, or offload a smaller share (offload_optimizer=<ratio>).",
+            stacklevel=2,
         )
         return False
     return True
@@ -105,7 +108,7 @@ def keep_gradients_with_their_optimizer(
     if pinned:
         # The boundary copies the offloaded share's gradients into these fp32 tensors, which CPU Adam reads.
         offloaded = [group.grad for group in optimizer.fp32_partitioned_groups_flat if group.grad.device.type == "cpu"]
-        _pinned(lambda: [pin_in_place(gradient) for gradient in offloaded])
+        pinned = _pinned(lambda: [pin_in_place(gradient) for gradient in offloaded])
     optimizer.grad_partitions_flat_buffer = host
     kept_elements = sum(slot.numel() for _, slot in kept)
     return GradientPlacement(kept_elements, host_elements, replaced, pinned)
