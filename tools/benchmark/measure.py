@@ -103,12 +103,13 @@ class Recorder:
             self.step_ends.append(time.perf_counter())
             if len(self.losses) == self.workload.steps:
                 self.stopped = self.step_ends[-1]
+                # First, before the readings below spend CPU time outside the timed steps.
+                self.host.update(cpu_usage_since(self.usage_before, self.stopped - self.started))
                 gc.callbacks.remove(self._gc_event)
                 after = allocator_counts(self.device)
                 self.allocator = {key: after[key] - self.allocator_before.get(key, 0) for key in after}
                 self.peaks = memory_peaks(self.device)
                 self.host["gpu_clock_mhz"] = gpu_clock(self.device)
-                self.host.update(cpu_usage_since(self.usage_before, self.stopped - self.started))
 
     def _gc_event(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

@@ -31,6 +31,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tools.benchmark
 
+from tools.benchmark import environment
 from tools.benchmark.sizes import SIZES, VOCABULARY
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -265,7 +266,8 @@ def measure(
     host_limit: int | None = None,
 ):
     """One short fit in a fresh process tree: (per-device GPU peaks, host peak of the tree, each rank's resident
-    memory by stage, rank 0's speed and losses, failure or None)."""
+    memory by stage, rank 0's speed and losses, failure or None, seconds in where ``host_limit`` stopped it or
+    None)."""
     with tempfile.TemporaryDirectory(prefix="memory-accuracy-") as scratch:
         spec = Path(scratch, "spec.json")
         spec.write_text(json.dumps({**dataclasses.asdict(configuration), "settings": settings, "steps": steps,
@@ -301,7 +303,7 @@ def measure(
         if failure:
             print(json.dumps({"host_timeline_gib": sampler.timeline}))
         speed = records[0]["speed"] and {**records[0]["speed"], "phases": records[0]["phases"]} if records else None
-        return gpu_peaks, host_peak, stages, speed, failure
+        return gpu_peaks, host_peak, stages, speed, failure, sampler.stopped_at
 
 
 def resident_gib() -> tuple[float, float]:
@@ -493,17 +495,27 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 
 def run(configurations: list[Configuration], arguments: argparse.Namespace) -> list[dict[str, Any]]:
+    # Where, when and at which commit: docs/results keeps these records, and the plots take each id's latest.
+    facts = environment.collect()
+    measured_on = {
+        "device": f"{facts['device_count']} x {facts['device']}" if facts["device"] else "cpu",
+        "date": facts["date"],
+        "git_commit": facts["git_commit"],
+        "python": facts["python"],
+        "versions": facts["versions"],
+    }
     records = []
     for configuration in configurations:
         predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory)
         limit = None if arguments.host_limit is None else int(arguments.host_limit * 2**30)
-        gpu_peaks, host_peak, host_stages, speed, failure = measure(
+        gpu_peaks, host_peak, host_stages, speed, failure, stopped_at = measure(
             configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout, limit
         )
         gpu_measured = max(gpu_peaks) / 2**30 if gpu_peaks and None not in gpu_peaks else None
         host_measured = host_peak / 2**30
         gpu_error = compare(predicted["gpu_peak_gib"], gpu_measured)
-        host_error = compare(predicted["host_peak_gib"], host_measured)
+        # A tree stopped at the limit had not reached its peak: there is no error to state.
+        host_error = None if stopped_at is not None else compare(predicted["host_peak_gib"], host_measured)
         errors = [abs(value) for value in (gpu_error, host_error) if value is not None]
         record = {
             **dataclasses.asdict(configuration),
@@ -516,10 +528,12 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
             "host_predicted_gib": predicted["host_peak_gib"],
             "host_measured_gib": host_measured,
             "host_error": host_error,
+            "stopped_at_host_limit_seconds": stopped_at,
             "host_stages_per_rank_gib": host_stages,
             "speed": speed,
             "within_tolerance": failure is None and len(errors) == 2 and max(errors) <= TOLERANCE,
             "failure": failure,
+            **measured_on,
         }
         records.append(record)
         shown = {key: record[key] for key in ("id", "gpu_error", "host_error", "within_tolerance")}

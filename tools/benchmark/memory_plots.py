@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tools.benchmark.report import DIRTY
 from tools.benchmark.sizes import SIZES, parameter_count
 
 COLOURS = {"colossalai": "#2ca02c", "deepspeed": "#d62728", "fsdp": "#1f77b4"}
@@ -20,7 +21,7 @@ COLOURS = {"colossalai": "#2ca02c", "deepspeed": "#d62728", "fsdp": "#1f77b4"}
 def measured_configurations(results: Path) -> list[dict[str, Any]]:
     """Every configuration that trained, the newest measurement of each id: by the commit it ran at, in the
     repository's history (records of one day share a date, and file names do not sort by time)."""
-    order = commit_order(results)
+    history = commit_history(results)
     trained = [
         record
         for path in sorted(results.glob("*memory-accuracy*.json"))
@@ -29,20 +30,26 @@ def measured_configurations(results: Path) -> list[dict[str, Any]]:
     ]
     latest: dict[str, dict[str, Any]] = {}
     # Records from before they carried a commit come first; sorted() keeps file order among equals.
-    for record in sorted(trained, key=lambda record: order.get(record.get("git_commit") or "", -1)):
+    for record in sorted(trained, key=lambda record: position(record.get("git_commit"), history)):
         latest[record["id"]] = record
     return sorted(latest.values(), key=lambda record: (billions(record), record["id"]))
 
 
-def commit_order(folder: Path) -> dict[str, int]:
-    """Commit, abbreviated as records name it (7 to 12 characters) -> its position in the history, oldest
-    first; empty outside a git checkout."""
-    listing = subprocess.run(
-        ["git", "rev-list", "--reverse", "HEAD"],
-        cwd=folder, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    commits = listing.stdout.split() if listing.returncode == 0 else []
-    return {commit[:length]: index for index, commit in enumerate(commits) for length in range(7, 13)}
+def commit_history(folder: Path) -> list[str]:
+    """Full commit hashes, oldest first; empty outside a git checkout or without git."""
+    try:
+        listing = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=folder, capture_output=True, text=True)
+    except FileNotFoundError:
+        return []
+    return listing.stdout.split() if listing.returncode == 0 else []
+
+
+def position(commit: str | None, history: list[str]) -> int:
+    """Where a record's commit (abbreviated or full, perhaps marked dirty) lies in ``history``; -1 if unknown."""
+    if not commit:
+        return -1
+    commit = commit.removesuffix(DIRTY)
+    return next((index for index, full in enumerate(history) if full.startswith(commit)), -1)
 
 
 def billions(record: dict[str, Any]) -> float:

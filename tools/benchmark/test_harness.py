@@ -144,7 +144,8 @@ def test_which_strategy_plots_take_the_record_of_the_later_commit_whatever_the_f
             ["git", "commit", "-q", "--allow-empty", "-m", message], cwd=tmp_path, env=environment, check=True
         )
     listing = subprocess.run(["git", "rev-list", "--reverse", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
-    older, newer = (commit[:7] for commit in listing.stdout.split())
+    older_full, newer_full = listing.stdout.split()
+    older, newer = older_full[:7], newer_full + "-dirty"  # records name commits either way
 
     def record(commit: str | None, gpu: float) -> dict:
         return {"id": "a", "strategy": "deepspeed_stage_3", "size": "1.3b", "length": 1024, "gpu_measured_gib": gpu,
