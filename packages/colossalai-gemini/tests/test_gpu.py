@@ -188,6 +188,10 @@ def test_cpu_adam_with_master_weights_on_the_gpu_is_refused_at_setup(tmp_path, n
         # Placement auto decides per chunk at run time from the memory the first step traced (16-mixed only).
         ("full", "auto"),
         ("sharded", "auto"),
+        # Static partial placement, as the plan chooses for models larger than the GPU: half of the optimizer
+        # (CPU Adam's share) on the host, the rest with the chunks on the GPU.
+        ("full", "static"),
+        ("sharded", "static"),
     ],
 )
 def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict_type, placement):
@@ -198,11 +202,17 @@ def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict
 
     def run(epochs, ckpt_path=None):
         L.seed_everything(3)
-        strategy = (
-            offloading_strategy(state_dict_type=state_dict_type)
-            if placement == "cpu"
-            else ColossalAIStrategy(placement_policy=placement, state_dict_type=state_dict_type)
-        )
+        if placement == "cpu":
+            strategy = offloading_strategy(state_dict_type=state_dict_type)
+        elif placement == "static":
+            strategy = ColossalAIStrategy(
+                placement_policy="static",
+                offload_optim_frac=0.5,
+                min_chunk_size=SMALL_CHUNKS,
+                state_dict_type=state_dict_type,
+            )
+        else:
+            strategy = ColossalAIStrategy(placement_policy=placement, state_dict_type=state_dict_type)
         # Runs stop on whole epochs: Lightning restarts a non-resumable dataloader from the epoch's start,
         # so a run stopped mid-epoch would replay batches after the resume.
         trainer = make_trainer(

@@ -1,9 +1,10 @@
-"""Page-locking in place. CUDA cannot exist here: a stand-in for torch's CUDA runtime answers cudaHostRegister,
-as the real one does, with 0 or an error code."""
+"""Page-locking in place. Without a GPU a stand-in for torch's CUDA runtime answers cudaHostRegister, as the real
+one does, with 0 or an error code; the GPU tier has CUDA refuse for real."""
 
 from __future__ import annotations
 
 import gc
+import mmap
 from types import SimpleNamespace
 
 import pytest
@@ -45,3 +46,19 @@ def test_nothing_to_pin_is_not_registered(monkeypatch):
     monkeypatch.setattr(torch.cuda, "cudart", lambda: runtime(0, calls))
     assert pinned.pin_in_place(torch.empty(0)) is False
     assert calls == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_real_refusal_leaves_torch_able_to_launch_kernels(tmp_path):
+    """CUDA refuses to page-lock a read-only mapping unless asked for read-only registration."""
+    path = tmp_path / "read-only"
+    path.write_bytes(bytes(2**20))
+    with path.open("rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    with pytest.warns(UserWarning, match="not writable"):
+        tensor = torch.frombuffer(mapped, dtype=torch.uint8)
+    with pytest.raises(pinned.PinningError, match=r"page-lock 0\.00 GiB"):
+        pinned.pin_in_place(tensor)
+    # The failed call's error was read off: torch's next launch check does not report it as its own.
+    assert (torch.ones(4, device="cuda") * 2).sum().item() == 8

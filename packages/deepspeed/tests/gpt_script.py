@@ -77,7 +77,7 @@ class TinyGPT(LightningModule):
 def build_strategy(run: dict, nvme_path: str):
     """The strategy name, or its class built with the options a run needs beyond the name."""
     name = run["strategy"]
-    if not (name.endswith("nvme") or run.get("config_optimizer")):
+    if not (name.endswith("nvme") or run.get("config_optimizer") or run.get("offload_ratio")):
         return name
     from lightning_strategies import get_registry
 
@@ -88,6 +88,9 @@ def build_strategy(run: dict, nvme_path: str):
     if run.get("config_optimizer"):
         optimizer = {"type": "AdamW", "params": {"lr": 1e-3}}
         options = {"config": {"zero_optimization": {"stage": 2}, "optimizer": optimizer}}
+    if run.get("offload_ratio"):
+        # Sub-groups of about a tenth of TinyGPT, so that the ratio splits them between the GPU and the host.
+        options.update(offload_optimizer=run["offload_ratio"], sub_group_size=50_000)
     return entry.load_class()(**options)
 
 
@@ -109,8 +112,8 @@ def fit(run: dict, nvme_path: str, steps: int, ckpt_path: str | None = None) -> 
     trainer = Trainer(
         accelerator=run.get("accelerator", "cuda"), devices=run["devices"], strategy=build_strategy(run, nvme_path),
         precision=run.get("precision", "bf16-mixed"), max_steps=steps, gradient_clip_val=run.get("clip"),
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[norms],
+        accumulate_grad_batches=run.get("accumulate", 1), logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[norms],
     )  # fmt: skip
     trainer.fit(model, DataLoader(Tokens(256, 64, 1024), batch_size=8, shuffle=True), ckpt_path=ckpt_path)
     return trainer, model, norms
@@ -126,7 +129,8 @@ def perform(run: dict, folder: Path) -> dict:
     first, last = sum(model.losses[:3]) / 3, sum(model.losses[-3:]) / 3
     result = {"first_loss": first, "last_loss": last, "finite": all(map(math.isfinite, model.losses)),
               "deepspeed_accelerator": get_accelerator().device_name(), "grad_norms": norms.norms,
-              "config": json.loads(json.dumps(trainer.strategy.config, default=str))}  # fmt: skip
+              "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
+              "gradient_slots": gradient_slots(trainer.strategy.model.optimizer)}  # fmt: skip
     if run.get("resume"):
         checkpoint = folder / "run.ckpt"
         trainer.save_checkpoint(checkpoint)
@@ -139,10 +143,22 @@ def perform(run: dict, folder: Path) -> dict:
     return result
 
 
+def gradient_slots(optimizer) -> dict:
+    """Elements of ZeRO-3's per-parameter gradient slots on each device type, and whether the host ones are
+    page-locked (empty where the optimizer has no such slots)."""
+    slots = getattr(optimizer, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", {})
+    found: dict = {}
+    for slot in slots.values():
+        found[slot.device.type] = found.get(slot.device.type, 0) + slot.numel()
+    host = [slot for slot in slots.values() if slot.device.type == "cpu"]
+    found["host_pinned"] = bool(host) and all(slot.is_pinned() for slot in host)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, precision, steps, "
-                        "accelerator, clip, resume, config_optimizer")  # fmt: skip
+                        "accelerator, clip, resume, config_optimizer, offload_ratio, accumulate")  # fmt: skip
     parser.add_argument("--folder", required=True, help="NVMe offload and checkpoints go below it")
     parser.add_argument("--out", required=True, help="JSON results, one per run, written after each run")
     arguments = parser.parse_args()
@@ -164,6 +180,8 @@ def run_key(run: dict) -> str:
     options = [run.get("precision", "bf16-mixed")]
     options += [f"clip{run['clip']}"] if run.get("clip") else []
     options += ["fused"] if run.get("config_optimizer") else []
+    options += [f"offload{run['offload_ratio']}"] if run.get("offload_ratio") else []
+    options += [f"accumulate{run['accumulate']}"] if run.get("accumulate") else []
     return "-".join([run["strategy"], f"{run['devices']}gpu", *options])
 
 

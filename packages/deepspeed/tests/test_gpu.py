@@ -67,6 +67,8 @@ def one_gpu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         {"strategy": "deepspeed_stage_2", "devices": 1, "precision": "16-mixed", "resume": True},
         # GPU images set TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed's FusedAdam JIT build must still work.
         {"strategy": "deepspeed_stage_2", "devices": 1, "config_optimizer": True},
+        # Half of the optimizer offloaded: gradients accumulate beside their optimizer (gradient_buffers.py).
+        {"strategy": "deepspeed_stage_3", "devices": 1, "offload_ratio": 0.5, "accumulate": 2, "resume": True},
     ]
     runs += [{"strategy": name, "devices": 1} for name in ORDERED_NAMES]
     environment = {**clean_environment(), "TORCH_CUDA_ARCH_LIST": "9.0a"}
@@ -100,6 +102,15 @@ def test_fp16_mixed_with_dynamic_loss_scaling_saves_and_resumes(one_gpu):
 
 def test_fused_adam_builds_with_hopper_arch_list(one_gpu):
     succeeded(one_gpu, "deepspeed_stage_2-1gpu-bf16-mixed-fused")
+
+
+def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(one_gpu):
+    result = succeeded(one_gpu, "deepspeed_stage_3-1gpu-bf16-mixed-offload0.5-accumulate2")
+    slots = result["gradient_slots"]
+    # The GPU-held sub-groups' slots are their fp32 gradients there; the offloaded ones share one pinned buffer.
+    assert slots.get("cuda", 0) > 0 and slots.get("cpu", 0) > 0 and slots["host_pinned"], slots
+    assert result["saved_tag_file"] and (result["resumed_global_step"], result["resumed_steps_run"]) == (20, 20)
+    assert result["resumed_last_loss"] < result["first_loss"] and result["test_loss"] < result["first_loss"]
 
 
 @pytest.mark.parametrize("name", list(NAMES))
