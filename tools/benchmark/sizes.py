@@ -25,6 +25,7 @@ SIZES: dict[str, Size] = {
     "6.7b": Size(32, 4096, 32),
     "9b": Size(27, 5120, 40),  # 13b's blocks, 27 of them (9.0B): the most DeepSpeed's plan fits on an H100
     "10b": Size(32, 5120, 40),  # 13b's blocks, 32 of them (10.6B): between 6.7b and 13b for the largest search
+    "12b": Size(36, 5120, 40),  # 13b's blocks, 36 of them (11.8B): the most DeepSpeed's plan fits on one H200
     "13b": Size(40, 5120, 40),
     "20b": Size(44, 6144, 64),
 }
