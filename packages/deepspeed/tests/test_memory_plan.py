@@ -16,7 +16,7 @@ from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.memory import (
-    HOST_GRADIENT_BYTES,
+    FP32_GRADIENT_BYTES,
     OFFLOAD_HOST_OVERHEAD_BYTES,
     SETUP_GRADIENT_SLOT_BYTES,
     ZeroSetting,
@@ -72,8 +72,8 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     # for the offloaded share alone (staging).
     for ratio, moment in ((0.1, "set-up"), (0.5, "training")):
         host = predict(workload, 1, ZeroSetting(3, ratio), sub_groups).host_bytes - host_base_bytes(1)
-        training = ratio * (12 + HOST_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES)
-        setup = ratio * (4 + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES
+        training = ratio * (12 + FP32_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES)
+        setup = ratio * (4 + FP32_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES
         assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
         assert (setup > training) is (moment == "set-up")
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))

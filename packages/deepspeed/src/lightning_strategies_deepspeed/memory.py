@@ -35,8 +35,8 @@ OVERLAP_COMM_BUCKET_FACTOR = 4.5
 OFFLOAD_HOST_OVERHEAD_BYTES = 3
 # Host bytes per parameter that ZeRO-3 without parameter offload holds for a moment during set-up.
 ZERO3_SETUP_HOST_BYTES = 2
-# CPU Adam reads fp32 gradients: each offloaded parameter's gradient is kept in host memory in fp32.
-HOST_GRADIENT_BYTES = 4
+# An fp32 gradient: CPU Adam reads each offloaded parameter's in host memory, and with a share offloaded each
+# GPU-held sub-group keeps one standing on the GPU; without offload ZeRO-3's step makes one sub-group's at a time.
 FP32_GRADIENT_BYTES = 4
 # With any optimizer offload ZeRO-3 allocates a 16-bit gradient slot on the host for every parameter of the model
 # at set-up; the strategy then replaces it by slots for the offloaded share alone (gradient_buffers.py), before
@@ -110,13 +110,13 @@ def predict(
     step = weights + gradients + gpu_optimizer + step_buffers
     gpu = max(backward, step)
 
-    offloaded_states = ratio * count * (states.optimizer_side + HOST_GRADIENT_BYTES)
+    offloaded_states = ratio * count * (states.optimizer_side + FP32_GRADIENT_BYTES)
     offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
     offloaded = offloaded_states + offloaded_weights
     overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
     host_states = 0.0 if setting.nvme else offloaded + overhead
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
-        setup = ratio * count * (states.master + HOST_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES * count
+        setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES * count
         host_states = max(host_states, setup)
     if stage == 3 and not setting.offload_parameters:
         # Set-up passes a 16-bit copy of the parameters through host memory in each process: ZeRO-3 of 2.7B on
