@@ -114,9 +114,13 @@ medians 45,988 and 44,121, so the Trainer at 0.96 of by hand. What the records r
   found; carrying the kernels (tools/gpu/setup.sh) avoids it.
 
 With the realistic checkpoint at the end (the session before, 2 rounds of 5 in the time), the Trainer's save
-took 114 to 120 s against 82 to 86 s by hand. The Trainer's run is unpinned (the strategy's default for this
-placement since 0ca4bdd; its peak host memory 1.8 GiB against 17.1 GiB by hand, pinned): a possible cause, not
-isolated (no pinned Trainer run was measured).
+took 114 to 120 s against 82 to 86 s by hand. Most of that is what is saved (`checkpoint_bytes` in the records):
+the Trainer's full checkpoint holds the fp32 master weights, so that a resume continues bit for bit (the GPU
+tier checks it), 17.0 GB; by hand `booster.save_model` writes Gemini's 16-bit copy, 14.2 GB. At the by-hand rate
+(169 MB/s) the larger file would take about 101 s. The rest, 145 against 169 MB/s, is not isolated: the
+Trainer's run is unpinned (the strategy's default for this placement since 0ca4bdd; its peak host memory 1.8
+GiB against 17.1 GiB by hand, pinned), and no pinned Trainer run was measured. Both write far below fsdp's
+rate on the same machine (17.0 GB in 18 to 21 s, each rank's shards through torch.distributed.checkpoint).
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """
