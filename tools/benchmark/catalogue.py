@@ -117,11 +117,17 @@ class Variant:
 
 
 # Settings tested against the plain run to find what makes a run's speed vary from one process to
-# the next (the colossalai runs, issue #16). They change the environment only, never a strategy.
+# the next (the colossalai runs, issue #16). They change the environment, or how a by-hand run configures its
+# backend, never a strategy.
 VARIANTS: dict[str, Variant] = {
     "expandable_segments": Variant(
         "PyTorch's caching allocator grows segments in place instead of caching fixed blocks (no fragmentation)",
         {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    ),
+    "unpinned": Variant(
+        "by hand, GeminiPlugin without pinned chunk copies or asynchronous reduction (the colossalai strategy's "
+        "default for placements other than cpu; ColossalAI's own default pins)",
+        {},
     ),
     "gc_frozen": Variant(
         "gc.collect() then gc.freeze() at the end of warm-up: collections in the timed steps skip set-up's objects",

@@ -241,6 +241,8 @@ def gemini_plugin_arguments(run: Run) -> dict[str, Any]:
         arguments.update(
             placement_policy="static", shard_param_frac=1.0, offload_optim_frac=offload, offload_param_frac=offload
         )
+    if run.variant == "unpinned":
+        arguments.update(pin_memory=False, enable_async_reduce=False)
     return arguments
 
 
