@@ -120,10 +120,10 @@ tier checks it), 17.0 GB; by hand `booster.save_model` writes Gemini's 16-bit co
 (169 MB/s) the larger file would take about 101 s. The rest, 145 against 169 MB/s, is not pinning: by hand,
 pinned as ColossalAI's default and unpinned as the strategy's default (`hand:gemini_cuda@unpinned`, ninth
 session, two rounds, 16 sequences), saved 14.2 GB in 75.2 and 82.7 s pinned, 76.9 and 78.1 s unpinned, and
-trained at 56,848 to 57,011 and 57,414 to 57,482 tokens/s, with 17.1 and 1.7 GiB of host memory at the peak: so
-the strategy's unpinned default costs this placement nothing in speed and saves 15 GiB of host. What else the Trainer's save does more slowly is not
-found. Both write far below fsdp's rate on the same machine (17.0 GB in 18 to 21 s, each rank's shards through
-torch.distributed.checkpoint).
+trained at 56,848 to 57,011 and 57,414 to 57,482 tokens/s, with 17.1 and 1.7 GiB of host memory at the peak:
+so the strategy's unpinned default costs this placement nothing in speed and saves 15 GiB of host memory.
+What else the Trainer's save does more slowly is not found. Both write far below fsdp's rate on the same
+machine (17.0 GB in 18 to 21 s, each rank's shards through torch.distributed.checkpoint).
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """
