@@ -114,6 +114,7 @@ RUNS: dict[str, Run] = {run.id: run for run in _RUNS}
 class Variant:
     description: str
     environment: dict[str, str]  # set in the run's processes before anything is imported
+    runs: tuple[str, ...] = ()  # the run ids it changes (the by-hand loop reads it); empty: any run
 
 
 # Settings tested against the plain run to find what makes a run's speed vary from one process to
@@ -128,6 +129,7 @@ VARIANTS: dict[str, Variant] = {
         "by hand, GeminiPlugin without pinned chunk copies or asynchronous reduction (the colossalai strategy's "
         "default for placements other than cpu; ColossalAI's own default pins)",
         {},
+        ("hand:gemini_cuda", "hand:gemini_cpu", "hand:gemini_auto"),
     ),
     "gc_frozen": Variant(
         "gc.collect() then gc.freeze() at the end of warm-up: collections in the timed steps skip set-up's objects",
@@ -180,6 +182,11 @@ def resolve(run_ids: list[str]) -> list[Run]:
     resolved = []
     for run_id in run_ids:
         base, _, variant = run_id.partition("@")
+        # A variant that only some runs read would otherwise measure the plain run under its name.
+        if variant and VARIANTS[variant].runs and base not in VARIANTS[variant].runs:
+            raise SystemExit(
+                f"{run_id}: the variant changes only {', '.join(VARIANTS[variant].runs)}; apply it to one of those."
+            )
         run = RUNS[base]
         if variant:
             run = dataclasses.replace(run, id=run_id, description=f"{run.description}; {VARIANTS[variant].description}")

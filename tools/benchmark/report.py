@@ -55,7 +55,8 @@ colossalai_cuda, each with its partners, all in one session.
 
 Where each stands (one H200, Python 3.12, torch 2.11, Lightning 2.6.6, DeepSpeed 0.19.8, ColossalAI 0.5.0;
 ratios of medians, spreads over every run of one call). deepspeed_stage_2 and colossalai_cuda are measured at 16
-sequences a step: at 8 both are bound by the host and spread 9 to 26% by hand as through the Trainer (below).
+sequences a step: at 8 both are bound by the host, and one call's runs spread 11 to 12% (deepspeed_stage_2) and
+12 to 26% (ColossalAI), by hand as through the Trainer (below).
 Their 16-sequence calls save no checkpoint, so that four or five rounds fit one call; fsdp's saves one in every run.
 
 | strategy | sequences | by hand | through the Trainer | built-in | vs by hand | vs built-in |
@@ -109,21 +110,23 @@ medians 45,988 and 44,121, so the Trainer at 0.96 of by hand. What the records r
 - **At 16 sequences by hand and through the Trainer, five rounds** (ninth session, two calls on one H200, no
   checkpoint): with the kernels carried, by hand 55,494 to 56,753 tokens/s (2.3%), the Trainer 56,199 to 56,812
   (1.1%), the Trainer at **1.01** of by hand. On a fresh machine the Trainer gave 55,608 to 55,898 (0.5%) and by
-  hand 52,828 to 55,845 in rounds 2 to 5; round 1 by hand, the run that compiled ColossalAI's two kernels (89 s)
-  just before its steps, gave 31,742 with steps of 0.29 to 0.73 s. Why a run is slow right after a compile is not
-  found; carrying the kernels (tools/gpu/setup.sh) avoids it.
+  hand 52,828 to 55,845 in rounds 2 to 5; round 1 by hand, the run that compiled ColossalAI's two kernels just
+  before its steps (35 and 54 s by its log; set-up 117 s against 21 to 24), gave 31,742 with steps of 0.29 to
+  0.73 s. Why a run is slow right after a compile is not found; it did not recur in the one call that carried the
+  kernels (tools/gpu/setup.sh).
 
 With the realistic checkpoint at the end (the session before, 2 rounds of 5 in the time), the Trainer's save
 took 114 to 120 s against 82 to 86 s by hand. Most of that is what is saved (`checkpoint_bytes` in the records):
 the Trainer's full checkpoint holds the fp32 master weights, so that a resume continues bit for bit (the GPU
 tier checks it), 17.0 GB; by hand `booster.save_model` writes Gemini's 16-bit copy, 14.2 GB. At the by-hand rate
-(169 MB/s) the larger file would take about 101 s. The rest, 145 against 169 MB/s, is not pinning: by hand,
+(168 MB/s) the larger file would take about 101 s. The rest, 145 against 168 MB/s, is not isolated. By hand,
 pinned as ColossalAI's default and unpinned as the strategy's default (`hand:gemini_cuda@unpinned`, ninth
 session, two rounds, 16 sequences), saved 14.2 GB in 75.2 and 82.7 s pinned, 76.9 and 78.1 s unpinned, and
 trained at 56,848 to 57,011 and 57,414 to 57,482 tokens/s, with 17.1 and 1.7 GiB of host memory at the peak:
-so the strategy's unpinned default costs this placement nothing in speed and saves 15 GiB of host memory.
-What else the Trainer's save does more slowly is not found. Both write far below fsdp's rate on the same
-machine (17.0 GB in 18 to 21 s, each rank's shards through torch.distributed.checkpoint).
+pinning (with the asynchronous reduction that comes with it) did not change the save time in two runs each,
+and the strategy's unpinned default costs this placement nothing in speed and saves 15 GiB of host memory.
+No pinned Trainer save was measured. Both write far below fsdp's rate on the same
+machine (17.0 GB in 15 to 21 s, each rank's shards through torch.distributed.checkpoint).
 
 Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tools.benchmark report`.
 """
@@ -265,7 +268,8 @@ def environment_table(summary: dict[str, Any]) -> list[str]:
 
 
 def results_table(records: list[dict[str, Any]]) -> list[str]:
-    by_key = {(r["run"], r["size"], r["devices"]): r for r in records if r["status"] == "ok"}
+    # Each measurement against its partner of the same round: runs are interleaved round by round.
+    by_key = {(r["run"], r["size"], r["devices"], r.get("repeat")): r for r in records if r["status"] == "ok"}
     lines = [
         "| run | size | devices | precision | tokens/s | vs by hand | MFU | peak GPU allocated (GiB) "
         "| peak GPU reserved (GiB) | peak host RSS (GiB) | final loss | setup (s) |",
@@ -274,7 +278,7 @@ def results_table(records: list[dict[str, Any]]) -> list[str]:
     for record in records:
         if record["status"] != "ok":
             continue
-        partner = by_key.get((record.get("partner"), record["size"], record["devices"]))
+        partner = by_key.get((record.get("partner"), record["size"], record["devices"], record.get("repeat")))
         ratio = f"{record['tokens_per_second'] / partner['tokens_per_second']:.2f}" if partner else ""
         lines.append(
             f"| `{record['run']}` | {record['size']} | {record['devices']} | {record['precision']} "

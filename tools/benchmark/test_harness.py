@@ -348,6 +348,10 @@ def test_variants_are_the_plain_run_with_an_environment() -> None:
         assert resolve(PRESETS[preset])
     with pytest.raises(SystemExit, match="Unknown variant"):
         resolve(["trainer:fsdp@nonsense"])
+    # "unpinned" configures the by-hand Gemini loop: on any other run it would measure the plain run.
+    assert resolve(["hand:gemini_cuda@unpinned"])[0].variant == "unpinned"
+    with pytest.raises(SystemExit, match="trainer:colossalai_cuda@unpinned: the variant changes only"):
+        resolve(["trainer:colossalai_cuda@unpinned"])
 
 
 def test_resident_memory_of_a_rank_and_of_the_tree_read_the_same_status_fields() -> None:
