@@ -36,6 +36,12 @@ def master_weights(trainer):
         return model.state_dict(only_rank_0=False)
 
 
+def optimizer_state_devices(trainer) -> set[str]:
+    """Where the optimizer's moment tensors live (Gemini's inner optimizer holds one state per fp32 chunk slice)."""
+    states = trainer.strategy.gemini_optimizer.optim.state.values()
+    return {value.device.type for state in states for value in state.values() if torch.is_tensor(value) and value.dim()}
+
+
 def gpus(count: int):
     return pytest.mark.skipif(torch.cuda.device_count() < count, reason=f"needs {count} CUDA GPU(s)")
 
@@ -230,6 +236,8 @@ def test_checkpoint_resume_on_one_gpu_matches_uninterrupted(tmp_path, state_dict
         return trainer
 
     straight = run(2)
+    if placement == "static":  # half of the optimizer states on the host, the rest on the GPU
+        assert optimizer_state_devices(straight) == {"cpu", "cuda"}
     half = run(1)
     checkpoint = tmp_path / "half.ckpt"
     half.save_checkpoint(checkpoint)

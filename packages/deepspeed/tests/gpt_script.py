@@ -138,6 +138,7 @@ def perform(run: dict, folder: Path) -> dict:
         resumed, resumed_model, _ = fit(run, str(folder), 2 * steps, ckpt_path=str(checkpoint))
         result["resumed_global_step"], result["resumed_steps_run"] = resumed.global_step, len(resumed_model.losses)
         result["resumed_last_loss"] = sum(resumed_model.losses[-3:]) / 3
+        result["resumed_gradient_slots"] = gradient_slots(resumed.strategy.model.optimizer)
         result["test_loss"] = float(resumed.test(resumed_model, DataLoader(Tokens(256, 64, 64), batch_size=8),
                                                  verbose=False)[0]["test_loss"])  # fmt: skip
     return result

@@ -109,6 +109,7 @@ def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(on
     slots = result["gradient_slots"]
     # The GPU-held sub-groups' slots are their fp32 gradients there; the offloaded ones share one pinned buffer.
     assert slots.get("cuda", 0) > 0 and slots.get("cpu", 0) > 0 and slots["host_pinned"], slots
+    assert result["resumed_gradient_slots"] == slots  # a new Trainer that resumes places them the same way
     assert result["saved_tag_file"] and (result["resumed_global_step"], result["resumed_steps_run"]) == (20, 20)
     assert result["resumed_last_loss"] < result["first_loss"] and result["test_loss"] < result["first_loss"]
 
