@@ -18,6 +18,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_strategies_deepspeed.gradient_buffers import _SLOTS
+
 
 class Tokens(Dataset):
     def __init__(self, vocabulary: int, length: int, count: int) -> None:
@@ -147,7 +149,7 @@ def perform(run: dict, folder: Path) -> dict:
 def gradient_slots(optimizer) -> dict:
     """Elements of ZeRO-3's per-parameter gradient slots on each device type, and whether the host ones are
     page-locked (empty where the optimizer has no such slots)."""
-    slots = getattr(optimizer, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", {})
+    slots = getattr(optimizer, _SLOTS, {})
     found: dict = {}
     for slot in slots.values():
         found[slot.device.type] = found.get(slot.device.type, 0) + slot.numel()
