@@ -96,6 +96,11 @@ LARGEST = [
     # activations small, 8 micro-batches a step keep the optimizer's share of the time.
     Configuration("largest-ds3-13b-accumulate-8", "deepspeed_stage_3", "13b", micro_batch=8, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=8),
+    # Where ZeRO-3 accumulates the offloaded share's gradients (a 16-bit host slot, or the fp32 gradient CPU Adam
+    # reads), compared at a size that sets up in seconds: run with --gpu-memory 40 for the plan's 50% share, the
+    # same share and the same PCIe traffic per parameter as 13B's.
+    Configuration("partial-ds3-2.7b-accumulate-8", "deepspeed_stage_3", "2.7b", micro_batch=8, planned="partial",
+                  activation_checkpointing=True, same_batch=True, accumulate=8),
     # The largest DeepSpeed's plan fits on one H200 as detected (139 GiB, 125 GiB of host memory), with no memory
     # given by hand: 13B needs about 20 bytes a parameter between GPU and host, more than the plan's margins leave.
     Configuration("largest-ds3-12b-accumulate-8", "deepspeed_stage_3", "12b", micro_batch=8, planned="partial",

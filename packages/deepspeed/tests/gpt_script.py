@@ -147,14 +147,15 @@ def perform(run: dict, folder: Path) -> dict:
 
 
 def gradient_slots(optimizer) -> dict:
-    """Elements of ZeRO-3's per-parameter gradient slots on each device type, and whether the host ones are
-    page-locked (empty where the optimizer has no such slots)."""
+    """Elements of ZeRO-3's per-parameter gradient slots on each device type, their dtypes, and whether the host
+    ones are page-locked (empty where the optimizer has no such slots)."""
     slots = getattr(optimizer, _SLOTS, {})
     found: dict = {}
     for slot in slots.values():
         found[slot.device.type] = found.get(slot.device.type, 0) + slot.numel()
     host = [slot for slot in slots.values() if slot.device.type == "cpu"]
     found["host_pinned"] = bool(host) and all(slot.is_pinned() for slot in host)
+    found["dtypes"] = sorted({str(slot.dtype) for slot in slots.values()})
     return found
 
 

@@ -4,12 +4,14 @@ test_gradient_buffers.py):
 
 - "kept": the strategy as shipped. On a CPU run backward produces gradients where every sub-group's fp32
   gradient lives, so every slot is kept in its sub-group's fp32 gradient.
-- "hosted": as if backward ran on a GPU (a stand-in: no GPU here), so every slot goes to the 16-bit host buffer.
+- "hosted": as if backward ran on a GPU (a stand-in: no GPU here), so every sub-group's fp32 gradient is on the
+  host side of the placement, and every slot goes into it there.
 - "deepspeed": DeepSpeed's own all-parameter buffer, left in place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -41,14 +43,24 @@ class Layers(LightningModule):
         return DeepSpeedCPUAdam(self.parameters(), lr=0.01)
 
 
+placements: list[gradient_buffers.GradientPlacement | None] = []
+
+
 def placement_for(way: str):
-    if way == "deepspeed":
-        return lambda optimizer, device: None
-    if way == "hosted":
-        return lambda optimizer, device: gradient_buffers.keep_gradients_with_their_optimizer(
-            optimizer, torch.device("cuda"), pin=False
-        )
-    return gradient_buffers.keep_gradients_with_their_optimizer
+    """The strategy's placement call for ``way``, recording what it returns."""
+    device = {"hosted": torch.device("cuda")}.get(way)
+
+    def place(optimizer, training_device):
+        if way == "deepspeed":
+            placement = None
+        else:
+            placement = gradient_buffers.keep_gradients_with_their_optimizer(
+                optimizer, device or training_device, pin=False
+            )
+        placements.append(placement)
+        return placement
+
+    return place
 
 
 def train(way: str) -> dict:
@@ -75,13 +87,15 @@ def train(way: str) -> dict:
         any(slot.untyped_storage().data_ptr() == gradient.untyped_storage().data_ptr() for gradient in gradients)
         for slot in slots.values()
     ]
+    buffer = optimizer.grad_partitions_flat_buffer
     weights = torch.cat([group.detach().flatten() for group in optimizer.fp32_partitioned_groups_flat])
     return {
         "losses": model.losses,
         "weights": weights.tolist(),
         "slots": len(slots),
         "slots_in_fp32_gradients": sum(in_fp32_gradient),
-        "host_buffer_elements": optimizer.grad_partitions_flat_buffer.numel(),
+        "deepspeed_buffer_elements": 0 if buffer is None else buffer.numel(),
+        "placement": None if placements[-1] is None else dataclasses.asdict(placements[-1]),
         "parameter_elements": sum(group.numel() for group in optimizer.fp32_partitioned_groups_flat),
     }
 

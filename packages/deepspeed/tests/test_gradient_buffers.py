@@ -27,18 +27,15 @@ def three_ways(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-def test_gradients_accumulate_in_the_fp32_gradient_of_their_sub_group(three_ways):
-    kept = three_ways["kept"]
-    assert kept["slots"] == 8  # four layers, a weight and a bias each
-    assert kept["slots_in_fp32_gradients"] == kept["slots"]
-    # DeepSpeed's all-parameter host buffer is gone, and nothing took its place.
-    assert kept["host_buffer_elements"] == 0
-
-
-def test_gradients_of_offloaded_sub_groups_get_a_host_buffer_of_their_size(three_ways):
-    hosted = three_ways["hosted"]
-    assert hosted["slots_in_fp32_gradients"] == 0
-    assert hosted["host_buffer_elements"] == hosted["parameter_elements"]
+@pytest.mark.parametrize(("way", "side"), [("kept", "kept_elements"), ("hosted", "host_elements")])
+def test_gradients_accumulate_in_the_fp32_gradient_of_their_sub_group(three_ways, way, side):
+    run = three_ways[way]
+    assert run["slots"] == 8  # four layers, a weight and a bias each
+    assert run["slots_in_fp32_gradients"] == run["slots"]
+    # DeepSpeed's 16-bit all-parameter buffer is gone, and no 16-bit copy took its place on either side.
+    assert run["deepspeed_buffer_elements"] == 0
+    assert run["placement"][side] == run["parameter_elements"]
+    assert run["placement"]["replaced_elements"] == three_ways["deepspeed"]["deepspeed_buffer_elements"]
 
 
 @pytest.mark.parametrize("way", ["kept", "hosted"])

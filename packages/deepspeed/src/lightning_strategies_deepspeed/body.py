@@ -228,10 +228,10 @@ class DeepSpeedBody(LightningAttributesMixin):
         placement = keep_gradients_with_their_optimizer(initialized[0].optimizer, self.root_device)
         if placement is not None:
             rank_zero_info(
-                f"ZeRO-3 gradients: {placement.kept_elements:,} elements accumulate in fp32 beside their optimizer "
-                f"on {self.root_device.type}, {placement.host_elements:,} in a 16-bit host buffer"
-                f"{' (pinned)' if placement.pinned else ''}, in place of one host buffer for all "
-                f"{placement.replaced_elements:,}"
+                f"ZeRO-3 gradients accumulate in fp32 beside their optimizer: {placement.kept_elements:,} elements "
+                f"on {self.root_device.type}, {placement.host_elements:,} on the host"
+                f"{' (pinned)' if placement.pinned else ''}; DeepSpeed's 16-bit host buffer of "
+                f"{placement.replaced_elements:,} is freed"
             )
         return initialized
 

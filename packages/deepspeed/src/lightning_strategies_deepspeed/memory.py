@@ -29,9 +29,10 @@ from lightning_strategies_deepspeed.defaults import DEFAULTS
 STAGE3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 # DeepSpeed's tuning guide: with overlap_comm, ZeRO-1/2 hold about 4.5 times the bucket sizes.
 OVERLAP_COMM_BUCKET_FACTOR = 4.5
-# Host bytes per offloaded parameter beyond the states themselves (pinned staging buffers, CPU Adam's
-# copies): the one measured point, ZeRO-3 offload of 2.7B on an H200 at 56.6 GiB of host memory (21 bytes
-# per parameter against 18 of states), gives 3. An estimate, to be fitted against more runs.
+# Host bytes per offloaded parameter beyond the states themselves (pinned staging buffers, CPU Adam's copies, and
+# DeepSpeed's 16-bit gradient slot where it stays): the one measured point, ZeRO-3 offload of 2.7B on an H200 at
+# 56.6 GiB of host memory (21 bytes per parameter against 18 of states), gives 3; 13.1B with half offloaded and
+# the slots kept for that half agreed (117.4 GiB measured against 118.0 predicted). An estimate.
 OFFLOAD_HOST_OVERHEAD_BYTES = 3
 # Host bytes per parameter that ZeRO-3 without parameter offload holds for a moment during set-up.
 ZERO3_SETUP_HOST_BYTES = 2
@@ -39,11 +40,11 @@ ZERO3_SETUP_HOST_BYTES = 2
 # GPU-held sub-group keeps one standing on the GPU; without offload ZeRO-3's step makes one sub-group's at a time.
 FP32_GRADIENT_BYTES = 4
 # With any optimizer offload ZeRO-3 allocates a 16-bit gradient slot on the host for every parameter of the model
-# at set-up; the strategy then replaces it by slots for the offloaded share alone (gradient_buffers.py), before
-# CPU Adam's moments arrive with the first step. Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after
-# set-up (fp32 masters and gradients of the offloaded share, and that buffer), 86.8 GiB at the peak, 18 bytes per
-# offloaded parameter; DeepSpeed's own buffer kept, the peak was 97.3 GiB.
-SETUP_GRADIENT_SLOT_BYTES = 2
+# at set-up; the strategy then frees it and points each slot into its fp32 gradient (gradient_buffers.py), before
+# CPU Adam's moments arrive with the first step. Not with fp16, whose overflow check reads DeepSpeed's buffer.
+# Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after set-up (fp32 masters and gradients of the
+# offloaded share, and that buffer), 86.8 GiB at the peak; DeepSpeed's own buffer kept, the peak was 97.3 GiB.
+GRADIENT_SLOT_BYTES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +85,8 @@ def predict(
     optimizer_side = per_rank * states.optimizer_side if stage >= 1 else count * states.optimizer_side
     gpu_optimizer = optimizer_side * (1 - ratio)
     if kept_in_fp32:
-        # ZeRO-3 with an optimizer offload keeps its 16-bit gradient slots on the host and gives each GPU-held
-        # sub-group a standing fp32 gradient, into which backward accumulates (gradient_buffers.py).
+        # ZeRO-3 with an optimizer offload gives each GPU-held sub-group a standing fp32 gradient, into which
+        # backward accumulates (gradient_buffers.py).
         gradients = per_rank * FP32_GRADIENT_BYTES * (1 - ratio)
 
     largest_module = max(shape.block_parameters(), shape.vocabulary * shape.hidden)
@@ -113,10 +114,12 @@ def predict(
     offloaded_states = ratio * count * (states.optimizer_side + FP32_GRADIENT_BYTES)
     offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
     offloaded = offloaded_states + offloaded_weights
-    overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
+    slots_in_fp32 = stage == 3 and ratio > 0 and not setting.nvme and not workload.precision.startswith("16")
+    overhead_bytes = OFFLOAD_HOST_OVERHEAD_BYTES - (GRADIENT_SLOT_BYTES if slots_in_fp32 else 0)
+    overhead = overhead_bytes * count * (ratio if not setting.offload_parameters else 1.0)
     host_states = 0.0 if setting.nvme else offloaded + overhead
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
-        setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + SETUP_GRADIENT_SLOT_BYTES * count
+        setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + GRADIENT_SLOT_BYTES * count
         host_states = max(host_states, setup)
     if stage == 3 and not setting.offload_parameters:
         # Set-up passes a 16-bit copy of the parameters through host memory in each process: ZeRO-3 of 2.7B on
