@@ -90,15 +90,15 @@ LARGEST = [
     # The same with 4 micro-batches an optimizer step: the optimizer's CPU share is paid once per 64k tokens.
     Configuration("largest-ds3-10b-accumulate-4", "deepspeed_stage_3", "10b", micro_batch=16, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=4),
-    # DeepSpeed at 13B, once its offloaded gradients stopped round-tripping through the host (b80b905): the plan
-    # finds no share within its margins on one H200 (run with --gpu-memory 155 --host-memory 135 for the share
-    # that fits without them, 50%) and predicts 132 GiB on the GPU; 8 sequences a micro-batch keep the
-    # activations small, 8 micro-batches a step keep the optimizer's share of the time.
+    # DeepSpeed at 13B: 8 sequences a micro-batch keep the activations small, 8 micro-batches a step keep the
+    # optimizer's share of the time. Until the offloaded gradients accumulated in fp32 without a 16-bit host slot,
+    # and the plan counted DeepSpeed's sub-groups tensor by tensor, the plan found no share within its margins on
+    # one H200 (it was run with --gpu-memory 155 --host-memory 135, for 50%); since, the machine as detected.
     Configuration("largest-ds3-13b-accumulate-8", "deepspeed_stage_3", "13b", micro_batch=8, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=8),
     # Where ZeRO-3 accumulates the offloaded share's gradients (a 16-bit host slot, or the fp32 gradient CPU Adam
-    # reads), compared at a size that sets up in seconds: run with --gpu-memory 40 for the plan's 50% share, the
-    # same share and the same PCIe traffic per parameter as 13B's.
+    # reads), compared at a size that sets up in seconds: run with --gpu-memory 40 for a share of about half, and
+    # so about the PCIe traffic per parameter of 13B's.
     Configuration("partial-ds3-2.7b-accumulate-8", "deepspeed_stage_3", "2.7b", micro_batch=8, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=8),
     # The largest DeepSpeed's plan fits on one H200 as detected (139 GiB, 125 GiB of host memory), with no memory

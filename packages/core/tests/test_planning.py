@@ -73,6 +73,14 @@ def test_a_parameter_count_gets_a_gpt3_shape_of_about_that_size():
     assert ModelShape.for_parameters(2_700_000_000).hidden == 2560
 
 
+def test_a_shapes_tensors_add_up_to_its_parameters_in_module_order():
+    shape = ModelShape(layers=3, hidden=64, vocabulary=1000)
+    sizes = shape.tensor_sizes(128)
+    assert sum(sizes) == shape.parameters(128)
+    assert len(sizes) == 2 + 12 * 3 + 3  # embeddings, twelve tensors a block, the final norm and the head
+    assert sizes[:3] == [1000 * 64, 128 * 64, 64] and sizes[-1] == 1000 * 64
+
+
 def test_mixed_precision_adam_keeps_sixteen_bytes_per_parameter():
     workload = Workload.build("1B", precision="bf16-mixed")
     states = workload.state_bytes()

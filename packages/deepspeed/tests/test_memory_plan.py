@@ -18,13 +18,15 @@ from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.memory import (
     FP32_GRADIENT_BYTES,
     GRADIENT_SLOT_BYTES,
-    OFFLOAD_HOST_OVERHEAD_BYTES,
+    OPTIMIZER_OFFLOAD_STAGING_BYTES,
     ZeroSetting,
     candidates,
     choose_offload_ratio,
     gpu_share,
     partial_offload_sub_group_size,
+    partition_sizes,
     predict,
+    sub_groups,
 )
 
 HERE = Path(__file__).parent
@@ -59,44 +61,52 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     workload = Workload.build("2.7B")
     sub_groups = {"sub_group_size": partial_offload_sub_group_size(workload, 1)}
     none, half, full = (predict(workload, 1, ZeroSetting(3, ratio), sub_groups) for ratio in (0.0, 0.5, 1.0))
+
+    def offloaded(ratio: float) -> float:  # DeepSpeed's whole sub-groups, not the ratio itself
+        return 1 - gpu_share(ratio, partition_sizes(workload, 1), sub_groups["sub_group_size"])
+
     assert none.gpu_bytes > half.gpu_bytes > full.gpu_bytes
     assert none.host_bytes < half.host_bytes < full.host_bytes
     assert 0 == none.offloaded_fraction < half.offloaded_fraction < full.offloaded_fraction
     # Without offload the GPU holds the bf16 gradients (2 bytes) and the optimizer side (master + moments, 12);
-    # with half offloaded, the optimizer side and a standing fp32 gradient (4) of the half it keeps. The peak is
-    # backward's start, with the activations alive.
+    # with about half offloaded, the optimizer side and a standing fp32 gradient (4) of the share it keeps. The
+    # peak is backward's start, with the activations alive.
     moved = none.gpu_bytes - half.gpu_bytes
-    assert moved == pytest.approx((2 + 12 - 0.5 * (12 + 4)) * workload.parameters, rel=0.001)
+    assert 0.5 < offloaded(0.5) < 0.6
+    assert moved == pytest.approx((2 + 12 - (1 - offloaded(0.5)) * (12 + 4)) * workload.parameters, rel=0.001)
     # On the host, the larger of two moments: set-up, where DeepSpeed holds a 16-bit gradient slot for every
     # parameter beside the offloaded fp32 masters and gradients, and training, with CPU Adam's moments and the
     # offloaded share's fp32 gradients, into which backward accumulates: no 16-bit slot is left (staging only).
     for ratio, moment in ((0.1, "set-up"), (0.5, "training")):
         host = predict(workload, 1, ZeroSetting(3, ratio), sub_groups).host_bytes - host_base_bytes(1)
-        training = ratio * (12 + FP32_GRADIENT_BYTES + OFFLOAD_HOST_OVERHEAD_BYTES - GRADIENT_SLOT_BYTES)
-        setup = ratio * (4 + FP32_GRADIENT_BYTES) + GRADIENT_SLOT_BYTES
+        training = offloaded(ratio) * (12 + FP32_GRADIENT_BYTES + OPTIMIZER_OFFLOAD_STAGING_BYTES)
+        setup = offloaded(ratio) * (4 + FP32_GRADIENT_BYTES) + GRADIENT_SLOT_BYTES
         assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
         assert (setup > training) is (moment == "set-up")
     # fp16's overflow check reads DeepSpeed's 16-bit buffer, so the strategy leaves the slots there.
     fp16 = dataclasses.replace(workload, precision="16-mixed")
     slots_kept = predict(fp16, 1, ZeroSetting(3, 0.5), sub_groups).host_bytes - half.host_bytes
-    assert slots_kept == pytest.approx(0.5 * GRADIENT_SLOT_BYTES * workload.parameters, rel=0.001)
+    assert slots_kept == pytest.approx(offloaded(0.5) * GRADIENT_SLOT_BYTES * workload.parameters, rel=0.001)
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
 
 
-def test_the_gpu_keeps_whole_sub_groups_as_deepspeed_rounds_them():
-    # DeepSpeed keeps the first int((1 - ratio) * sub-groups) on the GPU: 20 sub-groups take a ratio in 5% steps,
-    # and its default size (one sub-group) offloads everything whatever the ratio.
-    assert gpu_share(0.45, 1000, 50) == pytest.approx(0.55)
-    assert gpu_share(0.47, 1000, 50) == pytest.approx(0.5)
-    assert gpu_share(0.5, 1000, settings.DEFAULTS["sub_group_size"]) == 0
+def test_the_gpu_keeps_whole_sub_groups_as_deepspeed_makes_and_places_them():
+    # DeepSpeed closes a sub-group at the tensor that takes it to sub_group_size or more, and keeps the first
+    # int((1 - ratio) * sub-groups) on the GPU; its default size (one sub-group) offloads everything.
+    assert sub_groups([30, 30, 30, 30, 5], 50) == [60, 60, 5]
+    assert sub_groups([30, 30], 100) == [60]
+    tensors = [10] * 100  # 20 sub-groups of 50
+    assert gpu_share(0.45, tensors, 50) == pytest.approx(0.55)
+    assert gpu_share(0.47, tensors, 50) == pytest.approx(0.5)
+    assert gpu_share(0.8, tensors, 50) == pytest.approx(0.15)  # 1 - 0.8 is 0.19999999999999996: 3 kept, not 4
+    assert gpu_share(0.5, tensors, settings.DEFAULTS["sub_group_size"]) == 0
+    # A GPT's tensors overshoot the plan's twentieth of the partition, so there are fewer, larger sub-groups.
     workload = Workload.build("2.7B")
+    groups = sub_groups(partition_sizes(workload, 1), partial_offload_sub_group_size(workload, 1))
+    assert 15 <= len(groups) < 20 and sum(groups) == pytest.approx(workload.parameters)
     one_group, everything = predict(workload, 1, ZeroSetting(3, 0.5)), predict(workload, 1, ZeroSetting(3, 1.0))
     assert (one_group.gpu_bytes, one_group.host_bytes) == pytest.approx((everything.gpu_bytes, everything.host_bytes))
-    # 1 - 0.8 is 0.19999999999999996, so DeepSpeed keeps 3 of 20 sub-groups, not 4: both peaks follow it.
-    sub_groups = {"sub_group_size": partial_offload_sub_group_size(workload, 1)}
-    eighty, eighty_five = (predict(workload, 1, ZeroSetting(3, ratio), sub_groups) for ratio in (0.8, 0.85))
-    assert (eighty.gpu_bytes, eighty.host_bytes) == pytest.approx((eighty_five.gpu_bytes, eighty_five.host_bytes))
 
 
 def test_the_plans_predictions_use_the_sub_groups_it_sets():
@@ -198,7 +208,7 @@ def test_without_offload_the_host_peak_is_lightnings_teardown_moving_the_optimiz
     # Full offload: the host holds the offloaded states all along (optimizer side, fp32 gradients, staging
     # buffers; ZeRO-2 keeps 16-bit gradient slots there too, ZeRO-3 under this strategy does not), with nothing
     # added at teardown.
-    assert base - host_base_bytes(1) == pytest.approx((12 + 4 + 3 - 2) * count, rel=0.001)
+    assert base - host_base_bytes(1) == pytest.approx((12 + 4 + OPTIMIZER_OFFLOAD_STAGING_BYTES) * count, rel=0.001)
 
 
 def test_zero_2_fills_its_gradient_partition_while_backward_frees_the_activations():

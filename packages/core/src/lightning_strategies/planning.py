@@ -106,6 +106,14 @@ class ModelShape:
         """Parameters of one block: q/k/v and output projections, the MLP, two norms (weights and biases)."""
         return 12 * self.hidden**2 + 13 * self.hidden
 
+    def tensor_sizes(self, sequence_length: int) -> list[int]:
+        """Elements of each parameter tensor in module order: token and position embeddings; per block a norm,
+        q/k/v, the output projection, a norm and the MLP's two layers (weights, then biases); the final norm and
+        the head. Backends that split the model between sub-groups or buckets by tensor follow this order."""
+        h = self.hidden
+        block = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h]
+        return [self.vocabulary * h, sequence_length * h, *block * self.layers, h, h, self.vocabulary * h]
+
     def parameters(self, sequence_length: int) -> int:
         embeddings = self.vocabulary * self.hidden + sequence_length * self.hidden
         head = self.vocabulary * self.hidden

@@ -34,6 +34,11 @@ OVERLAP_COMM_BUCKET_FACTOR = 4.5
 # 56.6 GiB of host memory (21 bytes per parameter against 18 of states), gives 3; 13.1B with half offloaded and
 # the slots kept for that half agreed (117.4 GiB measured against 118.0 predicted). An estimate.
 OFFLOAD_HOST_OVERHEAD_BYTES = 3
+# The same beyond the states for ZeRO-3's optimizer offload with the parameters on the GPU, and the 16-bit slot left
+# out: measured on an H200 with DeepSpeed's sub-groups counted tensor by tensor, 9.0B (70% offloaded), 11.8B and
+# 13.1B (50%) held 18.25 bytes per offloaded parameter with the slot, 16 of them states; 2.7B with the slot
+# replaced (50%), 16.5.
+OPTIMIZER_OFFLOAD_STAGING_BYTES = 0.25
 # Host bytes per parameter that ZeRO-3 without parameter offload holds for a moment during set-up.
 ZERO3_SETUP_HOST_BYTES = 2
 # An fp32 gradient: CPU Adam reads each offloaded parameter's in host memory, and with a share offloaded each
@@ -74,7 +79,7 @@ def predict(
     kept_in_fp32 = stage == 3 and ratio > 0
     if kept_in_fp32:
         # ZeRO-3 places whole sub-groups: what is offloaded is DeepSpeed's rounding of the ratio, not the ratio.
-        ratio = 1 - gpu_share(ratio, per_rank, options["sub_group_size"])
+        ratio = 1 - gpu_share(ratio, partition_sizes(workload, gpus), options["sub_group_size"])
 
     weights = count * states.weights / (gpus if stage == 3 else 1)
     if setting.offload_parameters:
@@ -115,7 +120,10 @@ def predict(
     offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
     offloaded = offloaded_states + offloaded_weights
     slots_in_fp32 = stage == 3 and ratio > 0 and not setting.nvme and not workload.precision.startswith("16")
-    overhead_bytes = OFFLOAD_HOST_OVERHEAD_BYTES - (GRADIENT_SLOT_BYTES if slots_in_fp32 else 0)
+    if stage == 3 and not setting.offload_parameters:
+        overhead_bytes = OPTIMIZER_OFFLOAD_STAGING_BYTES + (0 if slots_in_fp32 else GRADIENT_SLOT_BYTES)
+    else:
+        overhead_bytes = OFFLOAD_HOST_OVERHEAD_BYTES - (GRADIENT_SLOT_BYTES if slots_in_fp32 else 0)
     overhead = overhead_bytes * count * (ratio if not setting.offload_parameters else 1.0)
     host_states = 0.0 if setting.nvme else offloaded + overhead
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
@@ -144,17 +152,40 @@ def predict(
     return Prediction(gpu, host, nvme, min(1.0, moved / (count * states.total)))
 
 
-# Sub-groups per process when a share of the optimizer is offloaded: DeepSpeed places whole sub-groups, so
-# this many make the ratio act in steps of 5%.
+# The plan's sub-group size: a PARTIAL_OFFLOAD_SUB_GROUPS-th of a partition. DeepSpeed closes a sub-group at the
+# first tensor that takes it to this size, so a GPT's partition makes 17 to 19 sub-groups and the ratio acts in
+# steps of 5 to 6%.
 PARTIAL_OFFLOAD_SUB_GROUPS = 20
 
 
-def gpu_share(ratio: float, per_rank: float, sub_group_size: float) -> float:
+def partition_sizes(workload: Workload, gpus: int) -> list[float]:
+    """Elements of each parameter tensor's partition on one of ``gpus`` processes, in module order, scaled to the
+    workload's parameter count where that was given apart from the shape."""
+    sizes = workload.shape.tensor_sizes(workload.sequence_length)
+    scale = workload.parameters / sum(sizes)
+    return [size * scale / gpus for size in sizes]
+
+
+def sub_groups(sizes: list[float], sub_group_size: float) -> list[float]:
+    """Elements of each sub-group as DeepSpeed's ZeRO-3 makes them: tensors in order, a sub-group closed at the
+    tensor that brings it to ``sub_group_size`` or more (one sub-group when the partition is no larger)."""
+    if sub_group_size >= sum(sizes):
+        return [sum(sizes)]
+    groups, current = [], 0.0
+    for size in sizes:
+        current += size
+        if current >= sub_group_size:
+            groups.append(current)
+            current = 0.0
+    return [*groups, current] if current else groups
+
+
+def gpu_share(ratio: float, sizes: list[float], sub_group_size: float) -> float:
     """The share of a process's partition whose optimizer DeepSpeed keeps on the GPU for an offload ``ratio``:
     the first ``int((1 - ratio) * sub-groups)`` sub-groups, as its ZeRO-3 optimizer places them (with one
     sub-group, DeepSpeed's default size, nothing stays)."""
-    groups = max(1, math.ceil(per_rank / sub_group_size))
-    return int((1 - ratio) * groups) / groups
+    groups = sub_groups(sizes, sub_group_size)
+    return sum(groups[: int((1 - ratio) * len(groups))]) / sum(groups)
 
 
 def partial_offload_sub_group_size(workload: Workload, gpus: int) -> int:
@@ -182,7 +213,8 @@ def _candidate(name: str, workload: Workload, machine: Machine, setting: ZeroSet
     prediction = predict(workload, gpus, setting, chosen)  # with the sub-groups the settings ask for
     notes = []
     if 0 < setting.optimizer_offload < 1:
-        notes.append(f"offloads {setting.optimizer_offload:.0%} of the optimizer states (DeepSpeed's offload ratio)")
+        share = 1 - gpu_share(setting.optimizer_offload, partition_sizes(workload, gpus), chosen["sub_group_size"])
+        notes.append(f"offloads {share:.0%} of the optimizer states: the ratio, in DeepSpeed's whole sub-groups")
     return candidate(
         name,
         chosen,
