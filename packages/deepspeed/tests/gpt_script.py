@@ -155,7 +155,10 @@ def gradient_slots(optimizer) -> dict:
         found[slot.device.type] = found.get(slot.device.type, 0) + slot.numel()
     host = [slot for slot in slots.values() if slot.device.type == "cpu"]
     found["host_pinned"] = bool(host) and all(slot.is_pinned() for slot in host)
-    found["dtypes"] = sorted({str(slot.dtype) for slot in slots.values()})
+    found["dtypes"] = {
+        side: sorted({str(slot.dtype) for slot in slots.values() if slot.device.type == side})
+        for side in ("cpu", "cuda")
+    }
     return found
 
 

@@ -4,8 +4,9 @@ test_gradient_buffers.py):
 
 - "kept": the strategy as shipped. On a CPU run backward produces gradients where every sub-group's fp32
   gradient lives, so every slot is kept in its sub-group's fp32 gradient.
-- "hosted": as if backward ran on a GPU (a stand-in: no GPU here), so every sub-group's fp32 gradient is on the
-  host side of the placement, and every slot goes into it there.
+- "hosted": as if backward ran on a GPU (a stand-in: no GPU here), so every slot goes to the 16-bit host buffer.
+- "hosted-fp32": the same with offloaded_gradients_in_fp32, so every slot goes into its sub-group's fp32 gradient
+  on the host.
 - "deepspeed": DeepSpeed's own all-parameter buffer, left in place.
 """
 
@@ -48,14 +49,14 @@ placements: list[gradient_buffers.GradientPlacement | None] = []
 
 def placement_for(way: str):
     """The strategy's placement call for ``way``, recording what it returns."""
-    device = {"hosted": torch.device("cuda")}.get(way)
+    device = torch.device("cuda") if way.startswith("hosted") else None
 
-    def place(optimizer, training_device):
+    def place(optimizer, training_device, in_fp32=False):
         if way == "deepspeed":
             placement = None
         else:
             placement = gradient_buffers.keep_gradients_with_their_optimizer(
-                optimizer, device or training_device, pin=False
+                optimizer, device or training_device, pin=False, in_fp32=in_fp32 or way == "hosted-fp32"
             )
         placements.append(placement)
         return placement
@@ -101,7 +102,7 @@ def train(way: str) -> dict:
 
 
 def main() -> None:
-    results = {way: train(way) for way in ("kept", "hosted", "deepspeed")}
+    results = {way: train(way) for way in ("kept", "hosted", "hosted-fp32", "deepspeed")}
     with open(sys.argv[1], "w") as file:
         json.dump(results, file)
 

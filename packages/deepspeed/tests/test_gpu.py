@@ -107,9 +107,10 @@ def test_fused_adam_builds_with_hopper_arch_list(one_gpu):
 def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(one_gpu):
     result = succeeded(one_gpu, "deepspeed_stage_3-1gpu-bf16-mixed-offload0.5-accumulate2")
     slots = result["gradient_slots"]
-    # Every slot is its sub-group's fp32 gradient: on the GPU for the kept share, pinned on the host for the rest.
+    # The GPU-held sub-groups' slots are their fp32 gradients there; the offloaded ones share one pinned 16-bit
+    # buffer (offloaded_gradients_in_fp32 is off).
     assert slots.get("cuda", 0) > 0 and slots.get("cpu", 0) > 0 and slots["host_pinned"], slots
-    assert slots["dtypes"] == ["torch.float32"], slots
+    assert slots["dtypes"] == {"cpu": ["torch.bfloat16"], "cuda": ["torch.float32"]}, slots
     assert result["resumed_gradient_slots"] == slots  # a new Trainer that resumes places them the same way
     assert result["saved_tag_file"] and (result["resumed_global_step"], result["resumed_steps_run"]) == (20, 20)
     assert result["resumed_last_loss"] < result["first_loss"] and result["test_loss"] < result["first_loss"]

@@ -19,7 +19,7 @@ HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
-def three_ways(tmp_path_factory):
+def ways(tmp_path_factory):
     out = tmp_path_factory.mktemp("placement") / "result.json"
     command = [sys.executable, str(HERE / "gradient_placement_script.py"), str(out)]
     result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=900)
@@ -27,23 +27,31 @@ def three_ways(tmp_path_factory):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize(("way", "side"), [("kept", "kept_elements"), ("hosted", "host_elements")])
-def test_gradients_accumulate_in_the_fp32_gradient_of_their_sub_group(three_ways, way, side):
-    run = three_ways[way]
+@pytest.mark.parametrize(("way", "side"), [("kept", "kept_elements"), ("hosted-fp32", "host_elements")])
+def test_gradients_accumulate_in_the_fp32_gradient_of_their_sub_group(ways, way, side):
+    run = ways[way]
     assert run["slots"] == 8  # four layers, a weight and a bias each
     assert run["slots_in_fp32_gradients"] == run["slots"]
-    # DeepSpeed's 16-bit all-parameter buffer is gone, and no 16-bit copy took its place on either side.
+    # DeepSpeed's all-parameter host buffer is gone, and no 16-bit copy took its place.
     assert run["deepspeed_buffer_elements"] == 0
     assert run["placement"][side] == run["parameter_elements"]
-    assert run["placement"]["replaced_elements"] == three_ways["deepspeed"]["deepspeed_buffer_elements"]
+    assert run["placement"]["replaced_elements"] == ways["deepspeed"]["deepspeed_buffer_elements"]
 
 
-@pytest.mark.parametrize("way", ["kept", "hosted"])
-def test_training_is_what_deepspeeds_own_buffers_give(three_ways, way):
-    reference = three_ways["deepspeed"]
+def test_gradients_of_offloaded_sub_groups_get_a_host_buffer_of_their_size(ways):
+    hosted = ways["hosted"]
+    assert hosted["slots_in_fp32_gradients"] == 0
+    assert hosted["deepspeed_buffer_elements"] == hosted["parameter_elements"]
+    assert hosted["placement"]["host_elements"] == hosted["parameter_elements"]
+    assert not hosted["placement"]["host_in_fp32"] and ways["hosted-fp32"]["placement"]["host_in_fp32"]
+
+
+@pytest.mark.parametrize("way", ["kept", "hosted", "hosted-fp32"])
+def test_training_is_what_deepspeeds_own_buffers_give(ways, way):
+    reference = ways["deepspeed"]
     assert len(reference["losses"]) == 6  # 3 optimizer steps of 2 micro-batches
-    assert three_ways[way]["losses"] == reference["losses"]
-    assert three_ways[way]["weights"] == reference["weights"]
+    assert ways[way]["losses"] == reference["losses"]
+    assert ways[way]["weights"] == reference["weights"]
 
 
 @pytest.mark.parametrize(

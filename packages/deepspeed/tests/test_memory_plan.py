@@ -75,18 +75,24 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     assert 0.5 < offloaded(0.5) < 0.6
     assert moved == pytest.approx((2 + 12 - (1 - offloaded(0.5)) * (12 + 4)) * workload.parameters, rel=0.001)
     # On the host, the larger of two moments: set-up, where DeepSpeed holds a 16-bit gradient slot for every
-    # parameter beside the offloaded fp32 masters and gradients, and training, with CPU Adam's moments and the
-    # offloaded share's fp32 gradients, into which backward accumulates: no 16-bit slot is left (staging only).
+    # parameter beside the offloaded fp32 masters and gradients, and training, with CPU Adam's moments, the
+    # offloaded share's fp32 gradients and their 16-bit slots (staging aside).
     for ratio, moment in ((0.1, "set-up"), (0.5, "training")):
         host = predict(workload, 1, ZeroSetting(3, ratio), sub_groups).host_bytes - host_base_bytes(1)
-        training = offloaded(ratio) * (12 + FP32_GRADIENT_BYTES + OPTIMIZER_OFFLOAD_STAGING_BYTES)
+        training = offloaded(ratio) * (12 + FP32_GRADIENT_BYTES + GRADIENT_SLOT_BYTES + OPTIMIZER_OFFLOAD_STAGING_BYTES)
         setup = offloaded(ratio) * (4 + FP32_GRADIENT_BYTES) + GRADIENT_SLOT_BYTES
         assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
         assert (setup > training) is (moment == "set-up")
-    # fp16's overflow check reads DeepSpeed's 16-bit buffer, so the strategy leaves the slots there.
+    # offloaded_gradients_in_fp32 accumulates in the fp32 gradients and drops the slots, except with fp16, whose
+    # overflow check reads DeepSpeed's 16-bit buffer.
+    in_fp32 = {**sub_groups, "offloaded_gradients_in_fp32": True}
+    saved = half.host_bytes - predict(workload, 1, ZeroSetting(3, 0.5), in_fp32).host_bytes
+    assert saved == pytest.approx(offloaded(0.5) * GRADIENT_SLOT_BYTES * workload.parameters, rel=0.001)
     fp16 = dataclasses.replace(workload, precision="16-mixed")
-    slots_kept = predict(fp16, 1, ZeroSetting(3, 0.5), sub_groups).host_bytes - half.host_bytes
-    assert slots_kept == pytest.approx(offloaded(0.5) * GRADIENT_SLOT_BYTES * workload.parameters, rel=0.001)
+    assert (
+        predict(fp16, 1, ZeroSetting(3, 0.5), in_fp32).host_bytes
+        == predict(fp16, 1, ZeroSetting(3, 0.5), sub_groups).host_bytes
+    )
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
 
@@ -119,13 +125,22 @@ def test_the_plans_predictions_use_the_sub_groups_it_sets():
 
 def test_the_issue_measurement_of_2_7b_offload_is_within_ten_percent():
     """ZeRO-3 offload of 2.7B on one H200: host 56.6 GiB, GPU 27 GiB measured (issue 13). The one point the
-    host overhead was fitted on, so this checks the arithmetic stays on it, not that the model is right. That run
-    kept DeepSpeed's 16-bit gradient slots, which the strategy has since replaced by the fp32 gradients."""
-    workload = Workload.build("2.7B")
-    prediction = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
-    with_slots = prediction.host_bytes + GRADIENT_SLOT_BYTES * workload.parameters
-    assert with_slots / GIB == pytest.approx(56.6, rel=0.1)
+    host overhead was fitted on, so this checks the arithmetic stays on it, not that the model is right."""
+    prediction = predict(Workload.build("2.7B"), 1, ZeroSetting(3, 1.0, offload_parameters=True))
+    assert prediction.host_bytes / GIB == pytest.approx(56.6, rel=0.1)
     assert prediction.gpu_bytes / GIB == pytest.approx(27, rel=0.1)
+
+
+def test_the_plan_drops_the_16_bit_host_slots_only_where_the_host_needs_it():
+    # 13B on one H200 with 125.9 GiB of host memory (measured there: GPU 116.4, host 115.3 GiB) fits only without
+    # the slots; 11.8B keeps them, and with them half the PCIe traffic.
+    h200 = Machine(1, int(139.8 * GIB), int(125.87 * GIB))
+    for layers, in_fp32 in ((40, True), (36, False)):
+        workload = Workload.build(layers=layers, hidden=5120, micro_batch=8, activation_checkpointing=True)
+        (partial,) = [c for c in candidates(workload, h200) if c.strategy == "deepspeed_stage_3" and c.fits]
+        assert partial.settings.get("offloaded_gradients_in_fp32", False) is in_fp32
+        parameters = {**settings.DEFAULTS, **partial.settings}
+        settings.validate_parameters(parameters)  # the strategy takes the plan's settings
 
 
 def test_the_chosen_ratio_is_the_least_that_fits_and_comes_with_sub_groups():
@@ -206,9 +221,9 @@ def test_without_offload_the_host_peak_is_lightnings_teardown_moving_the_optimiz
     stage_2_offload = predict(workload, 1, ZeroSetting(2, 1.0)).host_bytes - host_base_bytes(1)
     assert stage_2_offload == pytest.approx((12 + 4 + 3 + 2) * count, rel=0.001)
     # Full offload: the host holds the offloaded states all along (optimizer side, fp32 gradients, staging
-    # buffers; ZeRO-2 keeps 16-bit gradient slots there too, ZeRO-3 under this strategy does not), with nothing
-    # added at teardown.
-    assert base - host_base_bytes(1) == pytest.approx((12 + 4 + OPTIMIZER_OFFLOAD_STAGING_BYTES) * count, rel=0.001)
+    # buffers, 16-bit gradient slots), with nothing added at teardown.
+    full = 12 + 4 + GRADIENT_SLOT_BYTES + OPTIMIZER_OFFLOAD_STAGING_BYTES
+    assert base - host_base_bytes(1) == pytest.approx(full * count, rel=0.001)
 
 
 def test_zero_2_fills_its_gradient_partition_while_backward_frees_the_activations():

@@ -111,6 +111,7 @@ class DeepSpeedBody(LightningAttributesMixin):
         thread_count: int = 1,
         pin_memory: bool = False,
         sub_group_size: int = 1_000_000_000_000,
+        offloaded_gradients_in_fp32: bool = False,
         contiguous_gradients: bool = True,
         overlap_comm: bool = True,
         allgather_partitions: bool = True,
@@ -225,13 +226,16 @@ class DeepSpeedBody(LightningAttributesMixin):
             lr_scheduler=lr_scheduler,
             dist_init_required=False,
         )
-        placement = keep_gradients_with_their_optimizer(initialized[0].optimizer, self.root_device)
+        placement = keep_gradients_with_their_optimizer(
+            initialized[0].optimizer, self.root_device, in_fp32=self.parameters["offloaded_gradients_in_fp32"]
+        )
         if placement is not None:
             rank_zero_info(
-                f"ZeRO-3 gradients accumulate in fp32 beside their optimizer: {placement.kept_elements:,} elements "
-                f"on {self.root_device.type}, {placement.host_elements:,} on the host"
-                f"{' (pinned)' if placement.pinned else ''}; DeepSpeed's 16-bit host buffer of "
-                f"{placement.replaced_elements:,} is freed"
+                f"ZeRO-3 gradients: {placement.kept_elements:,} elements accumulate in fp32 beside their optimizer "
+                f"on {self.root_device.type}, {placement.host_elements:,} on the host "
+                f"({'in their fp32 gradients' if placement.host_in_fp32 else 'in a 16-bit buffer'}"
+                f"{', pinned' if placement.pinned else ''}), in place of one host buffer for all "
+                f"{placement.replaced_elements:,}"
             )
         return initialized
 

@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "thread_count": 1,
     "pin_memory": False,
     "sub_group_size": 1_000_000_000_000,
+    "offloaded_gradients_in_fp32": False,
     "contiguous_gradients": True,
     "overlap_comm": True,
     "allgather_partitions": True,

@@ -7,18 +7,23 @@ and the host holds 2 bytes per parameter of the whole model beside the fp32 grad
 Measured on an H200: with 45% of a 10.6B GPT's optimizer offloaded, 16 bytes per offloaded parameter plus 2 per
 parameter of the model was the host memory found, and forward with backward took 0.39 s a sequence.
 
-Here every parameter accumulates straight into the fp32 gradient of its sub-group, which DeepSpeed keeps for the
-optimizer step anyway: on the GPU for the sub-groups whose optimizer stays there, in host memory for the offloaded
-ones. Neither side then holds a 16-bit copy beside the fp32 gradient, and accumulation is in fp32 everywhere. The
-cost is PCIe traffic: DeepSpeed accumulates a host gradient by copying it to the GPU, adding and copying it back,
-which moves 4 bytes a parameter each way instead of 2. Measured on an H200 (docs/which-strategy.md): 2 bytes per
-offloaded parameter less host memory, which is what lets the plan fit 13B, for a few percent of throughput.
+Here the sub-groups whose optimizer stays on the GPU accumulate straight into their fp32 gradient there, which
+DeepSpeed keeps for the step anyway (so the GPU holds nothing more, and accumulates in fp32). The offloaded
+sub-groups get one of two:
 
-The offloaded fp32 gradients are page-locked where CUDA runs, so that backward's copies do not stall. That pinning
-does not follow ``pin_memory``, which is DeepSpeed's option for its own host buffers (the offloaded master weights
-and moments); where CUDA refuses it, the strategy warns and keeps these buffers pageable. DeepSpeed's
-``offload_states()``, which rebuilds the slots from its one buffer, is not supported with this; Lightning does
-not call it.
+- by default a 16-bit slot each, in one host buffer of their exact size, page-locked where CUDA runs so that
+  backward's copies do not stall;
+- with ``offloaded_gradients_in_fp32``, their fp32 gradient in host memory, which CPU Adam reads: no 16-bit copy
+  beside it, so 2 bytes a parameter less host memory, and fp32 accumulation. DeepSpeed accumulates a host
+  gradient by copying it to the GPU, adding and copying it back, so this moves 4 bytes a parameter each way
+  instead of 2. Measured on an H200 with half of a 2.7B GPT's optimizer offloaded and 8 micro-batches a step
+  (docs/which-strategy.md): 2.8 GiB less host memory, and 0.91 of the throughput (medians of three runs each).
+  The plan sets it only where host memory is short.
+
+The offloaded fp32 gradients are page-locked as well. That pinning does not follow ``pin_memory``, which is
+DeepSpeed's option for its own host buffers (the offloaded master weights and moments); where CUDA refuses it,
+the strategy warns and keeps these buffers pageable. DeepSpeed's ``offload_states()``, which rebuilds the slots
+from its one buffer, is not supported with this; Lightning does not call it.
 """
 
 from __future__ import annotations
@@ -38,12 +43,14 @@ _SLOTS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
 
 @dataclasses.dataclass(frozen=True)
 class GradientPlacement:
-    """Where ZeRO-3's gradients accumulate: elements in fp32 on the training device, elements in fp32 on the host."""
+    """Where ZeRO-3's gradient slots went: elements kept with their fp32 gradient on the training device, elements
+    on the host (in their fp32 gradients, or in a 16-bit buffer)."""
 
     kept_elements: int
     host_elements: int
-    replaced_elements: int  # the size of DeepSpeed's own 16-bit all-parameter buffer, now freed
-    pinned: bool  # the offloaded fp32 gradients are page-locked
+    replaced_elements: int  # the size of DeepSpeed's own all-parameter buffer, now freed
+    host_in_fp32: bool
+    pinned: bool  # the host slots and the offloaded fp32 gradients, all page-locked
 
 
 def applies(optimizer: Any) -> bool:
@@ -74,29 +81,49 @@ def _pinned(pin: Callable[[], Any]) -> bool:
 
 
 def keep_gradients_with_their_optimizer(
-    optimizer: Any, device: torch.device, pin: bool | None = None
+    optimizer: Any, device: torch.device, pin: bool | None = None, in_fp32: bool = False
 ) -> GradientPlacement | None:
-    """Point each of ZeRO-3's gradient slots into the fp32 gradient of its sub-group, on ``device`` or on the host,
-    and free DeepSpeed's 16-bit buffer; page-lock the host fp32 gradients if ``pin`` (by default where ``device``
-    is a GPU). None where it does not apply."""
+    """Move ZeRO-3's gradient slots: into the fp32 gradient of each sub-group held on ``device`` (where backward
+    produces gradients), and for the others into their fp32 gradients on the host if ``in_fp32``, else into one
+    exact-size 16-bit host buffer. Host memory is page-locked if ``pin`` (by default where ``device`` is a GPU).
+    None where it does not apply."""
     if not applies(optimizer):
         return None
     slots: dict[int, torch.Tensor] = getattr(optimizer, _SLOTS)
-    # Called before the first backward, when every slot holds zeros.
-    replaced = optimizer.grad_partitions_flat_buffer.numel()
-    optimizer.grad_partitions_flat_buffer = None
-    slots.clear()
-    elements = {"kept": 0, "host": 0}
+    in_fp32_gradient: list[tuple[Any, torch.Tensor]] = []
+    hosted: list[Any] = []
+    kept_elements = 0
     for index, group in enumerate(optimizer.fp16_groups):
         fp32_gradient = optimizer.fp32_partitioned_groups_flat[index].grad
-        side = "kept" if fp32_gradient.device.type == device.type else "host"
+        kept = fp32_gradient.device.type == device.type
         for parameter in group:
-            _, start, count = optimizer.grad_position[optimizer.get_param_id(parameter)]
-            slots[parameter.ds_id] = fp32_gradient.narrow(0, start, count).zero_()
-            elements[side] += count
+            _, start, elements = optimizer.grad_position[optimizer.get_param_id(parameter)]
+            if kept or in_fp32:
+                in_fp32_gradient.append((parameter, fp32_gradient.narrow(0, start, elements)))
+                kept_elements += elements if kept else 0
+            else:
+                hosted.append(parameter)
+
+    # Called before the first backward, when every slot holds zeros: DeepSpeed's buffer goes before the new one
+    # is allocated, so that host memory never holds both.
+    replaced, dtype = optimizer.grad_partitions_flat_buffer.numel(), optimizer.grad_partitions_flat_buffer.dtype
+    optimizer.grad_partitions_flat_buffer = None
+    slots.clear()
     pinned = device.type == "cuda" if pin is None else pin
+    host = torch.empty(sum(parameter.partition_numel() for parameter in hosted), dtype=dtype)
+    pinned = pinned and (host.numel() == 0 or _pinned(lambda: pin_in_place(host)))
+    host.zero_()
+    position = 0
+    for parameter in hosted:
+        slots[parameter.ds_id] = host.narrow(0, position, parameter.partition_numel())
+        position += parameter.partition_numel()
+    for parameter, slot in in_fp32_gradient:
+        slots[parameter.ds_id] = slot.zero_()
     if pinned:
-        # Backward copies the offloaded share's gradients into these fp32 tensors, which CPU Adam reads.
+        # Backward's copies (in_fp32) or the boundary's (from the 16-bit slots) write the offloaded share's
+        # gradients into these fp32 tensors, which CPU Adam reads.
         offloaded = [group.grad for group in optimizer.fp32_partitioned_groups_flat if group.grad.device.type == "cpu"]
         pinned = _pinned(lambda: [pin_in_place(gradient) for gradient in offloaded])
-    return GradientPlacement(elements["kept"], elements["host"], replaced, pinned)
+    optimizer.grad_partitions_flat_buffer = host
+    host_elements = sum(slot.numel() for slot in slots.values()) - kept_elements
+    return GradientPlacement(kept_elements, host_elements, replaced, in_fp32, pinned)

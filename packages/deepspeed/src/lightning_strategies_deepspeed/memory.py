@@ -58,6 +58,7 @@ class ZeroSetting:
     optimizer_offload: float = 0.0  # the share of optimizer states in host memory (1.0: all)
     offload_parameters: bool = False
     nvme: bool = False
+    gradients_in_fp32: bool = False  # offloaded_gradients_in_fp32: no 16-bit host slot beside the fp32 gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,13 @@ def predict(
     offloaded_states = ratio * count * (states.optimizer_side + FP32_GRADIENT_BYTES)
     offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
     offloaded = offloaded_states + offloaded_weights
-    slots_in_fp32 = stage == 3 and ratio > 0 and not setting.nvme and not workload.precision.startswith("16")
+    slots_in_fp32 = (
+        options["offloaded_gradients_in_fp32"]
+        and stage == 3
+        and ratio > 0
+        and not setting.nvme
+        and not workload.precision.startswith("16")
+    )
     if stage == 3 and not setting.offload_parameters:
         overhead_bytes = OPTIMIZER_OFFLOAD_STAGING_BYTES + (0 if slots_in_fp32 else GRADIENT_SLOT_BYTES)
     else:
@@ -204,6 +211,8 @@ def _settings(setting: ZeroSetting, workload: Workload, gpus: int) -> dict[str, 
         settings["offload_parameters"] = True
     if setting.nvme:
         settings.update(remote_device="nvme", offload_params_device="nvme", offload_optimizer_device="nvme")
+    if setting.gradients_in_fp32:
+        settings["offloaded_gradients_in_fp32"] = True
     return settings
 
 
@@ -228,12 +237,12 @@ def _candidate(name: str, workload: Workload, machine: Machine, setting: ZeroSet
     )
 
 
-def choose_offload_ratio(workload: Workload, machine: Machine) -> float | None:
+def choose_offload_ratio(workload: Workload, machine: Machine, gradients_in_fp32: bool = False) -> float | None:
     """The least share of optimizer states ZeRO-3 must offload for the GPU peak to fit with a margin."""
     gpus = max(1, machine.gpus)
 
     def peaks(ratio: float) -> tuple[float, float]:
-        setting = ZeroSetting(3, ratio)
+        setting = ZeroSetting(3, ratio, gradients_in_fp32=gradients_in_fp32)
         prediction = predict(workload, gpus, setting, _settings(setting, workload, gpus))
         return prediction.gpu_bytes, prediction.host_bytes
 
@@ -248,10 +257,19 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3), 1),
         _candidate("deepspeed_stage_2_offload", workload, machine, ZeroSetting(2, 1.0), 1),
     ]
-    ratio = choose_offload_ratio(workload, machine)
+    # The offloaded gradients go without their 16-bit host slots (half the PCIe traffic) only where the host
+    # needs the 2 bytes a parameter that saves.
+    for gradients_in_fp32 in (False, True):
+        ratio = choose_offload_ratio(workload, machine, gradients_in_fp32)
+        if ratio is not None:
+            break
     if ratio is not None and 0 < ratio < 1:
-        found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0))
-    found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2))
+        setting = ZeroSetting(3, ratio, gradients_in_fp32=gradients_in_fp32)
+        found.append(_candidate("deepspeed_stage_3", workload, machine, setting, 0))
+    full = _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2)
+    if not full.fits:
+        full = _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0, gradients_in_fp32=True), 2)
+    found.append(full)
     # Parameters go to the host only when the optimizer's whole share there is not enough.
     found.append(_candidate("deepspeed_stage_3_offload", workload, machine, ZeroSetting(3, 1.0, True), 3))
     found.append(
