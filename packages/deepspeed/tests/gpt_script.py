@@ -93,6 +93,8 @@ def build_strategy(run: dict, nvme_path: str):
     if run.get("offload_ratio"):
         # Sub-groups of about a tenth of TinyGPT, so that the ratio splits them between the GPU and the host.
         options.update(offload_optimizer=run["offload_ratio"], sub_group_size=50_000)
+    if run.get("fp32_host_gradients"):
+        options["offloaded_gradients_in_fp32"] = True
     return entry.load_class()(**options)
 
 
@@ -189,6 +191,7 @@ def run_key(run: dict) -> str:
     options += ["fused"] if run.get("config_optimizer") else []
     options += [f"offload{run['offload_ratio']}"] if run.get("offload_ratio") else []
     options += [f"accumulate{run['accumulate']}"] if run.get("accumulate") else []
+    options += ["fp32-host-gradients"] if run.get("fp32_host_gradients") else []
     return "-".join([run["strategy"], f"{run['devices']}gpu", *options])
 
 

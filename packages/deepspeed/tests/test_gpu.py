@@ -69,6 +69,15 @@ def one_gpu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         {"strategy": "deepspeed_stage_2", "devices": 1, "config_optimizer": True},
         # Half of the optimizer offloaded: gradients accumulate beside their optimizer (gradient_buffers.py).
         {"strategy": "deepspeed_stage_3", "devices": 1, "offload_ratio": 0.5, "accumulate": 2, "resume": True},
+        # The same with the offloaded share accumulating in its fp32 gradients (the plan's choice for 13B).
+        {
+            "strategy": "deepspeed_stage_3",
+            "devices": 1,
+            "offload_ratio": 0.5,
+            "accumulate": 2,
+            "resume": True,
+            "fp32_host_gradients": True,
+        },
     ]
     runs += [{"strategy": name, "devices": 1} for name in ORDERED_NAMES]
     environment = {**clean_environment(), "TORCH_CUDA_ARCH_LIST": "9.0a"}
@@ -104,13 +113,14 @@ def test_fused_adam_builds_with_hopper_arch_list(one_gpu):
     succeeded(one_gpu, "deepspeed_stage_2-1gpu-bf16-mixed-fused")
 
 
-def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(one_gpu):
-    result = succeeded(one_gpu, "deepspeed_stage_3-1gpu-bf16-mixed-offload0.5-accumulate2")
+@pytest.mark.parametrize(("suffix", "host_dtype"), [("", "torch.bfloat16"), ("-fp32-host-gradients", "torch.float32")])
+def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(one_gpu, suffix, host_dtype):
+    result = succeeded(one_gpu, f"deepspeed_stage_3-1gpu-bf16-mixed-offload0.5-accumulate2{suffix}")
     slots = result["gradient_slots"]
     # The GPU-held sub-groups' slots are their fp32 gradients there; the offloaded ones share one pinned 16-bit
-    # buffer (offloaded_gradients_in_fp32 is off).
+    # buffer, or with offloaded_gradients_in_fp32 are their pinned fp32 gradients on the host.
     assert slots.get("cuda", 0) > 0 and slots.get("cpu", 0) > 0 and slots["host_pinned"], slots
-    assert slots["dtypes"] == {"cpu": ["torch.bfloat16"], "cuda": ["torch.float32"]}, slots
+    assert slots["dtypes"] == {"cpu": [host_dtype], "cuda": ["torch.float32"]}, slots
     assert result["resumed_gradient_slots"] == slots  # a new Trainer that resumes places them the same way
     assert result["saved_tag_file"] and (result["resumed_global_step"], result["resumed_steps_run"]) == (20, 20)
     assert result["resumed_last_loss"] < result["first_loss"] and result["test_loss"] < result["first_loss"]
