@@ -96,9 +96,9 @@ LARGEST = [
     # one H200 (it was run with --gpu-memory 155 --host-memory 135, for 50%); since, the machine as detected.
     Configuration("largest-ds3-13b-accumulate-8", "deepspeed_stage_3", "13b", micro_batch=8, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=8),
-    # Where ZeRO-3 accumulates the offloaded share's gradients (a 16-bit host slot, or the fp32 gradient CPU Adam
-    # reads), compared at a size that sets up in seconds: run with --gpu-memory 40 for a share of about half, and
-    # so about the PCIe traffic per parameter of 13B's.
+    # ZeRO-3's partial offload at a size that sets up in seconds: with --gpu-memory 38 the plan offloads about half,
+    # with the 16-bit host slots. The tenth session compared those slots with fp32 host gradients here, each on the
+    # code of a commit that did one or the other (docs/which-strategy.md, "DeepSpeed's offload ratio").
     Configuration("partial-ds3-2.7b-accumulate-8", "deepspeed_stage_3", "2.7b", micro_batch=8, planned="partial",
                   activation_checkpointing=True, same_batch=True, accumulate=8),
     # The largest DeepSpeed's plan fits on one H200 as detected (139 GiB, 125 GiB of host memory), with no memory

@@ -17,12 +17,12 @@ from lightning_strategies.planning import GIB, Machine, Workload, activation_byt
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.memory import (
     FP32_GRADIENT_BYTES,
-    GRADIENT_SLOT_BYTES,
     OPTIMIZER_OFFLOAD_STAGING_BYTES,
     ZeroSetting,
     candidates,
     choose_offload_ratio,
     gpu_share,
+    host_gradient_slots,
     partial_offload_sub_group_size,
     partition_sizes,
     predict,
@@ -57,6 +57,9 @@ def test_model_states_are_sixteen_bytes_per_parameter_partitioned_by_stage():
         assert _states_on_gpu(workload, 1, ZeroSetting(stage)) == pytest.approx(16 * count, rel=0.05)
 
 
+SLOT = 2  # bytes of a bf16 gradient slot on the host
+
+
 def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     workload = Workload.build("2.7B")
     sub_groups = {"sub_group_size": partial_offload_sub_group_size(workload, 1)}
@@ -79,20 +82,24 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
     # offloaded share's fp32 gradients and their 16-bit slots (staging aside).
     for ratio, moment in ((0.1, "set-up"), (0.5, "training")):
         host = predict(workload, 1, ZeroSetting(3, ratio), sub_groups).host_bytes - host_base_bytes(1)
-        training = offloaded(ratio) * (12 + FP32_GRADIENT_BYTES + GRADIENT_SLOT_BYTES + OPTIMIZER_OFFLOAD_STAGING_BYTES)
-        setup = offloaded(ratio) * (4 + FP32_GRADIENT_BYTES) + GRADIENT_SLOT_BYTES
+        training = offloaded(ratio) * (12 + FP32_GRADIENT_BYTES + SLOT + OPTIMIZER_OFFLOAD_STAGING_BYTES)
+        setup = offloaded(ratio) * (4 + FP32_GRADIENT_BYTES) + SLOT
         assert host == pytest.approx(max(training, setup) * workload.parameters, rel=0.001)
         assert (setup > training) is (moment == "set-up")
     # offloaded_gradients_in_fp32 accumulates in the fp32 gradients and drops the slots, except with fp16, whose
     # overflow check reads DeepSpeed's 16-bit buffer.
     in_fp32 = {**sub_groups, "offloaded_gradients_in_fp32": True}
     saved = half.host_bytes - predict(workload, 1, ZeroSetting(3, 0.5), in_fp32).host_bytes
-    assert saved == pytest.approx(offloaded(0.5) * GRADIENT_SLOT_BYTES * workload.parameters, rel=0.001)
+    assert saved == pytest.approx(offloaded(0.5) * SLOT * workload.parameters, rel=0.001)
     fp16 = dataclasses.replace(workload, precision="16-mixed")
     assert (
         predict(fp16, 1, ZeroSetting(3, 0.5), in_fp32).host_bytes
         == predict(fp16, 1, ZeroSetting(3, 0.5), sub_groups).host_bytes
     )
+    # fp32 training accumulates in 4-byte slots.
+    fp32 = dataclasses.replace(workload, precision="32-true")
+    slots = host_gradient_slots(fp32, 0.5, {"offloaded_gradients_in_fp32": False})
+    assert slots == pytest.approx(0.5 * 4 * workload.parameters)
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
 
@@ -222,7 +229,7 @@ def test_without_offload_the_host_peak_is_lightnings_teardown_moving_the_optimiz
     assert stage_2_offload == pytest.approx((12 + 4 + 3 + 2) * count, rel=0.001)
     # Full offload: the host holds the offloaded states all along (optimizer side, fp32 gradients, staging
     # buffers, 16-bit gradient slots), with nothing added at teardown.
-    full = 12 + 4 + GRADIENT_SLOT_BYTES + OPTIMIZER_OFFLOAD_STAGING_BYTES
+    full = 12 + 4 + SLOT + OPTIMIZER_OFFLOAD_STAGING_BYTES
     assert base - host_base_bytes(1) == pytest.approx(full * count, rel=0.001)
 
 

@@ -102,22 +102,30 @@ class ModelShape:
     vocabulary: int = DEFAULT_VOCABULARY
     heads: int | None = None
 
+    def block_tensors(self) -> list[int]:
+        """Elements of one block's tensors in module order: a norm, q/k/v, the output projection, a norm and the
+        MLP's two layers (weights, then biases)."""
+        h = self.hidden
+        return [h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h]
+
     def block_parameters(self) -> int:
-        """Parameters of one block: q/k/v and output projections, the MLP, two norms (weights and biases)."""
-        return 12 * self.hidden**2 + 13 * self.hidden
+        return sum(self.block_tensors())
 
     def tensor_sizes(self, sequence_length: int) -> list[int]:
-        """Elements of each parameter tensor in module order: token and position embeddings; per block a norm,
-        q/k/v, the output projection, a norm and the MLP's two layers (weights, then biases); the final norm and
-        the head. Backends that split the model between sub-groups or buckets by tensor follow this order."""
+        """Elements of each parameter tensor in module order: token and position embeddings, the blocks, the final
+        norm and the head. Backends that split the model between sub-groups or buckets by tensor follow this."""
         h = self.hidden
-        block = [h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h]
-        return [self.vocabulary * h, sequence_length * h, *block * self.layers, h, h, self.vocabulary * h]
+        return [
+            self.vocabulary * h,
+            sequence_length * h,
+            *self.block_tensors() * self.layers,
+            h,
+            h,
+            self.vocabulary * h,
+        ]
 
     def parameters(self, sequence_length: int) -> int:
-        embeddings = self.vocabulary * self.hidden + sequence_length * self.hidden
-        head = self.vocabulary * self.hidden
-        return self.layers * self.block_parameters() + embeddings + head + 2 * self.hidden
+        return sum(self.tensor_sizes(sequence_length))
 
     @classmethod
     def for_parameters(cls, parameters: int, vocabulary: int = DEFAULT_VOCABULARY) -> ModelShape:

@@ -24,7 +24,7 @@ from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.fabric.utilities.rank_zero import rank_zero_info
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.ranks import watch_ranks
@@ -226,14 +226,20 @@ class DeepSpeedBody(LightningAttributesMixin):
             lr_scheduler=lr_scheduler,
             dist_init_required=False,
         )
-        placement = keep_gradients_with_their_optimizer(
-            initialized[0].optimizer, self.root_device, in_fp32=self.parameters["offloaded_gradients_in_fp32"]
-        )
+        in_fp32 = self.parameters["offloaded_gradients_in_fp32"]
+        placement = keep_gradients_with_their_optimizer(initialized[0].optimizer, self.root_device, in_fp32=in_fp32)
+        if placement is None and in_fp32:
+            # config.py warns for settings without an optimizer offload; this is what only the engine tells.
+            rank_zero_warn(
+                "DeepSpeedStrategy(offloaded_gradients_in_fp32=True) has no effect here: it needs ZeRO stage 3 with "
+                "the optimizer offloaded to host memory and bf16 or fp32 (fp16's overflow check reads DeepSpeed's "
+                "own 16-bit buffer). Remove it, or train with precision='bf16-mixed'."
+            )
         if placement is not None:
             rank_zero_info(
                 f"ZeRO-3 gradients: {placement.kept_elements:,} elements accumulate in fp32 beside their optimizer "
                 f"on {self.root_device.type}, {placement.host_elements:,} on the host "
-                f"({'in their fp32 gradients' if placement.host_in_fp32 else 'in a 16-bit buffer'}"
+                f"({'in their fp32 gradients' if placement.host_in_fp32 else 'in a buffer of the working precision'}"
                 f"{', pinned' if placement.pinned else ''}), in place of one host buffer for all "
                 f"{placement.replaced_elements:,}"
             )

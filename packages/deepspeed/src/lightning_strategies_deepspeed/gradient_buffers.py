@@ -111,7 +111,7 @@ def keep_gradients_with_their_optimizer(
     slots.clear()
     pinned = device.type == "cuda" if pin is None else pin
     host = torch.empty(sum(parameter.partition_numel() for parameter in hosted), dtype=dtype)
-    pinned = pinned and (host.numel() == 0 or _pinned(lambda: pin_in_place(host)))
+    pinned = pinned and _pinned(lambda: pin_in_place(host))
     host.zero_()
     position = 0
     for parameter in hosted:

@@ -30,26 +30,20 @@ STAGE3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 # DeepSpeed's tuning guide: with overlap_comm, ZeRO-1/2 hold about 4.5 times the bucket sizes.
 OVERLAP_COMM_BUCKET_FACTOR = 4.5
 # Host bytes per offloaded parameter beyond the states themselves (pinned staging buffers, CPU Adam's copies, and
-# DeepSpeed's 16-bit gradient slot where it stays): the one measured point, ZeRO-3 offload of 2.7B on an H200 at
-# 56.6 GiB of host memory (21 bytes per parameter against 18 of states), gives 3; 13.1B with half offloaded and
-# the slots kept for that half agreed (117.4 GiB measured against 118.0 predicted). An estimate.
+# a 16-bit gradient slot), where parameters are offloaded too or below ZeRO-3: the one measured point, ZeRO-3
+# offload of 2.7B on an H200 at 56.6 GiB of host memory (21 bytes per parameter against 18 of states), gives 3.
+# An estimate.
 OFFLOAD_HOST_OVERHEAD_BYTES = 3
-# The same beyond the states for ZeRO-3's optimizer offload with the parameters on the GPU, and the 16-bit slot left
-# out: measured on an H200 with DeepSpeed's sub-groups counted tensor by tensor, 9.0B (70% offloaded), 11.8B and
-# 13.1B (50%) held 18.25 bytes per offloaded parameter with the slot, 16 of them states; 2.7B with the slot
-# replaced (50%), 16.5.
+# The same for ZeRO-3's optimizer offload with the parameters on the GPU, its gradient slots counted apart:
+# measured on an H200 with DeepSpeed's sub-groups counted tensor by tensor, 9.0B (70% offloaded), 11.8B and 13.1B
+# (50%) held 18.25 bytes per offloaded parameter, 16 of them states and 2 the 16-bit slots; 2.7B without the
+# slots (offloaded_gradients_in_fp32, 55% offloaded), 16.5.
 OPTIMIZER_OFFLOAD_STAGING_BYTES = 0.25
 # Host bytes per parameter that ZeRO-3 without parameter offload holds for a moment during set-up.
 ZERO3_SETUP_HOST_BYTES = 2
 # An fp32 gradient: CPU Adam reads each offloaded parameter's in host memory, and with a share offloaded each
 # GPU-held sub-group keeps one standing on the GPU; without offload ZeRO-3's step makes one sub-group's at a time.
 FP32_GRADIENT_BYTES = 4
-# With any optimizer offload ZeRO-3 allocates a 16-bit gradient slot on the host for every parameter of the model
-# at set-up; the strategy then frees it and points each slot into its fp32 gradient (gradient_buffers.py), before
-# CPU Adam's moments arrive with the first step. Not with fp16, whose overflow check reads DeepSpeed's buffer.
-# Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after set-up (fp32 masters and gradients of the
-# offloaded share, and that buffer), 86.8 GiB at the peak; DeepSpeed's own buffer kept, the peak was 97.3 GiB.
-GRADIENT_SLOT_BYTES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +52,6 @@ class ZeroSetting:
     optimizer_offload: float = 0.0  # the share of optimizer states in host memory (1.0: all)
     offload_parameters: bool = False
     nvme: bool = False
-    gradients_in_fp32: bool = False  # offloaded_gradients_in_fp32: no 16-bit host slot beside the fp32 gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,21 +113,17 @@ def predict(
     offloaded_states = ratio * count * (states.optimizer_side + FP32_GRADIENT_BYTES)
     offloaded_weights = count * states.weights if setting.offload_parameters else 0.0
     offloaded = offloaded_states + offloaded_weights
-    slots_in_fp32 = (
-        options["offloaded_gradients_in_fp32"]
-        and stage == 3
-        and ratio > 0
-        and not setting.nvme
-        and not workload.precision.startswith("16")
-    )
-    if stage == 3 and not setting.offload_parameters:
-        overhead_bytes = OPTIMIZER_OFFLOAD_STAGING_BYTES + (0 if slots_in_fp32 else GRADIENT_SLOT_BYTES)
+    if stage == 3 and ratio > 0 and not setting.offload_parameters:
+        overhead = OPTIMIZER_OFFLOAD_STAGING_BYTES * ratio * count + host_gradient_slots(workload, ratio, options)
     else:
-        overhead_bytes = OFFLOAD_HOST_OVERHEAD_BYTES - (GRADIENT_SLOT_BYTES if slots_in_fp32 else 0)
-    overhead = overhead_bytes * count * (ratio if not setting.offload_parameters else 1.0)
+        overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
     host_states = 0.0 if setting.nvme else offloaded + overhead
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
-        setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + GRADIENT_SLOT_BYTES * count
+        # With any optimizer offload ZeRO-3 allocates a gradient slot on the host for every parameter at set-up;
+        # the strategy replaces it (gradient_buffers.py) before CPU Adam's moments arrive with the first step.
+        # Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after set-up (fp32 masters and gradients of
+        # the offloaded share, and that buffer), 86.8 GiB at the peak; DeepSpeed's buffer kept, 97.3 GiB.
+        setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + states.gradients * count
         host_states = max(host_states, setup)
     if stage == 3 and not setting.offload_parameters:
         # Set-up passes a 16-bit copy of the parameters through host memory in each process: ZeRO-3 of 2.7B on
@@ -159,9 +148,20 @@ def predict(
     return Prediction(gpu, host, nvme, min(1.0, moved / (count * states.total)))
 
 
+def host_gradient_slots(workload: Workload, ratio: float, options: dict[str, Any]) -> float:
+    """Bytes of ZeRO-3's host gradient slots with ``ratio`` of the optimizer offloaded (gradient_buffers.py): one
+    of the working precision per offloaded parameter; none with offloaded_gradients_in_fp32; with fp16, whose
+    overflow check reads DeepSpeed's own buffer, DeepSpeed's slot for every parameter."""
+    if workload.precision.startswith("16"):
+        return workload.parameters * workload.state_bytes().gradients
+    if options["offloaded_gradients_in_fp32"]:
+        return 0.0
+    return ratio * workload.parameters * workload.state_bytes().gradients
+
+
 # The plan's sub-group size: a PARTIAL_OFFLOAD_SUB_GROUPS-th of a partition. DeepSpeed closes a sub-group at the
-# first tensor that takes it to this size, so a GPT's partition makes 17 to 19 sub-groups and the ratio acts in
-# steps of 5 to 6%.
+# first tensor that takes it to this size, so a GPT's partition makes fewer (17 to 19 from 2.7B to 13B, 11 to 16
+# below, where the head is a large share), and the ratio acts in uneven steps.
 PARTIAL_OFFLOAD_SUB_GROUPS = 20
 
 
@@ -200,7 +200,7 @@ def partial_offload_sub_group_size(workload: Workload, gpus: int) -> int:
     return max(1, math.ceil(workload.parameters / gpus / PARTIAL_OFFLOAD_SUB_GROUPS))
 
 
-def _settings(setting: ZeroSetting, workload: Workload, gpus: int) -> dict[str, Any]:
+def _settings(setting: ZeroSetting, workload: Workload, gpus: int, gradients_in_fp32: bool = False) -> dict[str, Any]:
     settings: dict[str, Any] = {"stage": setting.stage}
     if setting.optimizer_offload >= 1:
         settings["offload_optimizer"] = True
@@ -211,14 +211,21 @@ def _settings(setting: ZeroSetting, workload: Workload, gpus: int) -> dict[str, 
         settings["offload_parameters"] = True
     if setting.nvme:
         settings.update(remote_device="nvme", offload_params_device="nvme", offload_optimizer_device="nvme")
-    if setting.gradients_in_fp32:
+    if gradients_in_fp32:
         settings["offloaded_gradients_in_fp32"] = True
     return settings
 
 
-def _candidate(name: str, workload: Workload, machine: Machine, setting: ZeroSetting, preference: int) -> Candidate:
+def _candidate(
+    name: str,
+    workload: Workload,
+    machine: Machine,
+    setting: ZeroSetting,
+    preference: int,
+    gradients_in_fp32: bool = False,
+) -> Candidate:
     gpus = max(1, machine.gpus)
-    chosen = _settings(setting, workload, gpus)
+    chosen = _settings(setting, workload, gpus, gradients_in_fp32)
     prediction = predict(workload, gpus, setting, chosen)  # with the sub-groups the settings ask for
     notes = []
     if 0 < setting.optimizer_offload < 1:
@@ -242,8 +249,8 @@ def choose_offload_ratio(workload: Workload, machine: Machine, gradients_in_fp32
     gpus = max(1, machine.gpus)
 
     def peaks(ratio: float) -> tuple[float, float]:
-        setting = ZeroSetting(3, ratio, gradients_in_fp32=gradients_in_fp32)
-        prediction = predict(workload, gpus, setting, _settings(setting, workload, gpus))
+        setting = ZeroSetting(3, ratio)
+        prediction = predict(workload, gpus, setting, _settings(setting, workload, gpus, gradients_in_fp32))
         return prediction.gpu_bytes, prediction.host_bytes
 
     return smallest_fitting_fraction(peaks, with_choice_margin(machine))
@@ -264,12 +271,11 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         if ratio is not None:
             break
     if ratio is not None and 0 < ratio < 1:
-        setting = ZeroSetting(3, ratio, gradients_in_fp32=gradients_in_fp32)
-        found.append(_candidate("deepspeed_stage_3", workload, machine, setting, 0))
-    full = _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2)
-    if not full.fits:
-        full = _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0, gradients_in_fp32=True), 2)
-    found.append(full)
+        found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0, gradients_in_fp32))
+    full, full_in_fp32 = (
+        _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2, in_fp32) for in_fp32 in (False, True)
+    )
+    found.append(full_in_fp32 if full_in_fp32.fits and not full.fits else full)
     # Parameters go to the host only when the optimizer's whole share there is not enough.
     found.append(_candidate("deepspeed_stage_3_offload", workload, machine, ZeroSetting(3, 1.0, True), 3))
     found.append(

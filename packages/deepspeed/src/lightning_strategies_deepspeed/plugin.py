@@ -65,8 +65,9 @@ PARAMETERS = {
     "pin_memory": "Pin the host memory of offloaded states for faster copies to and from the GPU.",
     "sub_group_size": f"Stage 3: parameters per optimizer step group; smaller uses less memory ({_ZERO}).",
     "offloaded_gradients_in_fp32": "Stage 3 with the optimizer in host memory: accumulate the offloaded share's "
-    "gradients in the fp32 gradients CPU Adam reads, not in a 16-bit host buffer: 2 bytes a parameter less host "
-    "memory, twice the PCIe traffic (not a DeepSpeed key; the plan sets it where host memory is short).",
+    "gradients in the fp32 gradients CPU Adam reads, not in a host buffer beside them: 2 bytes a parameter less "
+    "host memory with bf16, twice the PCIe traffic (not a DeepSpeed key; the plan sets it where host memory is "
+    "short; no effect with fp16).",
     "contiguous_gradients": f"Copy gradients into one contiguous buffer as they are produced ({_ZERO}).",
     "overlap_comm": f"Overlap gradient reduction with the backward pass ({_ZERO}).",
     "allgather_partitions": f"Stages 1-2: all-gather updated parameters in one call rather than broadcasts ({_ZERO}).",
