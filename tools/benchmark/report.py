@@ -57,8 +57,8 @@ Where each stands (one H200, Python 3.12, torch 2.11, Lightning 2.6.6, DeepSpeed
 ratios of medians, spreads over every run of one call). deepspeed_stage_2 and colossalai_cuda are measured at 16
 sequences a step: at 8 both are bound by the host, and one call's runs spread 11 to 12% (deepspeed_stage_2) and
 12 to 26% (ColossalAI), by hand as through the Trainer (below).
-colossalai_cuda's 16-sequence calls save no checkpoint, so that five rounds fit one call (its save takes 80 to 120
-s); fsdp's and deepspeed_stage_2's save one in every run.
+colossalai_cuda's five-round calls save no checkpoint, so that five rounds fit one call (its save takes 75 to 120
+s); a two-round call with a save in every run gave the same ratio. fsdp's and deepspeed_stage_2's save in every run.
 
 | strategy | sequences | by hand | through the Trainer | built-in | vs by hand | vs built-in |
 | --- | ---: | --- | --- | --- | ---: | ---: |
@@ -66,11 +66,13 @@ s); fsdp's and deepspeed_stage_2's save one in every run.
 | deepspeed_stage_2 | 16 | 49,975 to 50,798 (1.6%) | 49,312 to 50,063 (1.5%) | 48,642 to 49,862 (2.5%) | 0.98 | 1.00 |
 | 9th, no save | 16 | 48,623 to 50,988 (4.9%) | 48,433 to 49,363 (1.9%) | 48,796 to 50,176 (2.8%) | 1.00 | 0.99 |
 | colossalai_cuda | 16 | 55,494 to 56,753 (2.3%) | 56,199 to 56,812 (1.1%) | none | 1.01 | |
+| 10th, saving, 2 rounds | 16 | 56,027 to 56,071 (0.1%) | 55,180 to 56,013 (1.5%) | none | 0.99 | |
 
-Sessions below: `2026-11-23-h200-dropin-fsdp-repeats-1x`, `-ds2-mb16-1x`, `-colossalai-mb16-carried-1x` and
-`2026-11-24-h200-dropin-ds2-mb16-ckpt-1x`. deepspeed_stage_2 against the built-in: 0.99 in the ninth session and
-1.00 in the tenth (three rounds with a checkpoint in every run; the built-in's third run did not fit the call), each a
-difference of under 1% between medians whose runs overlap, so within the spread either way.
+Sessions below: `2026-11-23-h200-dropin-fsdp-repeats-1x`, `-ds2-mb16-1x`, `-colossalai-mb16-carried-1x`,
+`2026-11-24-h200-dropin-ds2-mb16-ckpt-1x` and `-colossalai-mb16-ckpt-1x`. deepspeed_stage_2 against the
+built-in: 0.99 in the ninth session and 1.00 in the tenth (three rounds with a checkpoint in every run; the
+built-in's third run did not fit the call), each a difference of under 1% between medians whose runs overlap, so
+within the spread either way.
 
 **ColossalAI's spread.** Five Trainer runs of colossalai_cuda (1.3B, one H200) once gave 21,339 to
 47,090 tokens/s. Measured again on 2026-11-23 (commit 34dfa0e, one H200, no checkpoint so that five rounds
