@@ -27,6 +27,7 @@ SIZES: dict[str, Size] = {
     "10b": Size(32, 5120, 40),  # 13b's blocks, 32 of them (10.6B): between 6.7b and 13b for the largest search
     "12b": Size(36, 5120, 40),  # 13b's blocks, 36 of them (11.8B): the most DeepSpeed's plan fits on one H200
     "13b": Size(40, 5120, 40),
+    "15b": Size(46, 5120, 40),  # 13b's blocks, 46 of them (15.0B): the most Gemini's plan fits on one H200, 8 sequences
     "20b": Size(44, 6144, 64),
 }
 # The sizes --search-largest walks through, smallest first.
