@@ -57,8 +57,8 @@ Where each stands (one H200, Python 3.12, torch 2.11, Lightning 2.6.6, DeepSpeed
 ratios of medians, spreads over every run of one call). deepspeed_stage_2 and colossalai_cuda are measured at 16
 sequences a step: at 8 both are bound by the host, and one call's runs spread 11 to 12% (deepspeed_stage_2) and
 12 to 26% (ColossalAI), by hand as through the Trainer (below).
-colossalai_cuda's five-round calls save no checkpoint, so that five rounds fit one call (its save takes 75 to 120
-s); a two-round call with a save in every run gave the same ratio. fsdp's and deepspeed_stage_2's save in every run.
+colossalai_cuda's five-round calls save no checkpoint, so that five rounds fit one call (its save takes 70 to 118
+s); a two-round call with a save in every run gave 0.99. fsdp's and deepspeed_stage_2's save in every run.
 
 | strategy | sequences | by hand | through the Trainer | built-in | vs by hand | vs built-in |
 | --- | ---: | --- | --- | --- | ---: | ---: |
