@@ -19,6 +19,9 @@ sys.path.insert(0, str(SCRIPTS))
 # TinyGPT has 528K parameters, far below the default min_chunk_size (32M): Gemini would keep it as one
 # chunk gathered on the GPU, which no placement offloads. Below this size it is split into offloadable chunks.
 SMALL_CHUNKS = 2**16
+# How far the loss must fall in 8 steps on TinyGPT's counting data: fp32 Adam on CPU takes it from 6.39 to 5.19,
+# and fp16's first steps may be skipped while the loss scale settles.
+LEARNED = 0.2
 
 
 def offloading_strategy(**kwargs):
@@ -92,7 +95,7 @@ def test_fit_validate_test_predict_on_one_gpu(tmp_path, name, precision):
     with expected:
         trainer.fit(model)
     assert len(model.losses) == 8 and all(torch.isfinite(torch.tensor(model.losses)))
-    assert min(model.losses[-3:]) < model.losses[0]  # it learns
+    assert min(model.losses[-3:]) < model.losses[0] - LEARNED  # it learns
     stats = trainer.strategy.memory_statistics()
     assert stats["colossalai/model_data_cuda_bytes"] + stats["colossalai/model_data_cpu_bytes"] > 0
     assert stats["colossalai/optimizer_cuda_bytes"] + stats["colossalai/optimizer_cpu_bytes"] > 0
@@ -117,7 +120,7 @@ def test_cpu_placement_offloads_master_weights_and_optimizer_states(tmp_path, pr
     model = TinyGPT()
     trainer = make_trainer(offloading_strategy(), precision, tmp_path, logger=False)
     trainer.fit(model)
-    assert all(torch.isfinite(torch.tensor(model.losses))) and min(model.losses[-3:]) < model.losses[0]
+    assert all(torch.isfinite(torch.tensor(model.losses))) and min(model.losses[-3:]) < model.losses[0] - LEARNED
     stats = trainer.strategy.memory_statistics()
     assert stats["colossalai/optimizer_cpu_bytes"] > 0
     assert stats["colossalai/optimizer_cuda_bytes"] == 0
