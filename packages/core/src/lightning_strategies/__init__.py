@@ -35,7 +35,9 @@ from lightning_strategies.version import __version__
 PUBLIC_MODULES = (
     "lightning_strategies.backends",
     "lightning_strategies.checkpoints",
+    "lightning_strategies.hugging_face",
     "lightning_strategies.conformance",
+    "lightning_strategies.conformance.hugging_face",
     "lightning_strategies.conformance.launching",
     "lightning_strategies.pinned",
     "lightning_strategies.planning",

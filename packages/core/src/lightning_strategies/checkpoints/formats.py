@@ -38,6 +38,10 @@ class CheckpointFormat:
     read_by: str = field(compare=False)
     to_full_weights: str = field(compare=False)
     matches: Callable[[Path], bool] = field(compare=False, repr=False, default=lambda path: False)
+    # "module:function" that reads the checkpoint at a path into a Lightning checkpoint dict whose "state_dict" holds
+    # the whole model's weights (unsharded, one process, no GPU), with ``weights_only`` as torch.load takes it. Named,
+    # not imported, so describing a format imports nothing; empty where the package cannot read it without a GPU.
+    read_weights: str = field(compare=False, default="")
 
 
 def _is_torch_save_file(path: Path) -> bool:
@@ -51,6 +55,7 @@ FILE = CheckpointFormat(
     "every strategy that loads full weights",
     "it already holds full weights",
     _is_torch_save_file,
+    read_weights="lightning_strategies.checkpoints.loading:load_file",
 )
 
 

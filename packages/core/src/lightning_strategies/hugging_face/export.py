@@ -1,0 +1,182 @@
+"""From any strategy's checkpoint back to a Hugging Face folder: config plus sharded safetensors, or a PEFT adapter.
+
+Every strategy of this project records the ``transformers`` models of the LightningModule it saves (their class,
+config and, for a PEFT model, its adapter config) under ``checkpoint["hugging_face"]``, so ``export`` needs nothing
+but the checkpoint. For a checkpoint saved without that record (Lightning's own strategies), pass ``config=``: a
+folder holding the model's ``config.json``, such as the one it was loaded from.
+
+The checkpoint is read whole through the format's own reader (``CheckpointFormat.read_weights``), in one process
+and without a GPU; the folder appears only once completely written.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lightning_strategies.errors import CheckpointError
+from lightning_strategies.hugging_face.models import is_hugging_face_model
+
+RECORD_KEY = "hugging_face"
+
+
+def record_models(checkpoint: dict[str, Any], lightning_module: Any) -> None:
+    """Describe the ``transformers`` and PEFT models of ``lightning_module`` in ``checkpoint``, as JSON text (any
+    checkpoint reader loads a string, ``weights_only`` ones included)."""
+    if lightning_module is None:
+        return
+    described: dict[str, Any] = {}
+    for prefix, module in lightning_module.named_modules():
+        peft_config = getattr(module, "peft_config", None)
+        base = module.get_base_model() if peft_config is not None and hasattr(module, "get_base_model") else module
+        if module is lightning_module or not (peft_config is not None or is_hugging_face_model(base)):
+            continue
+        if any(prefix.startswith(f"{outer}.") for outer in described):
+            continue
+        entry: dict[str, Any] = {"class": type(base).__name__, "config": base.config.to_dict()}
+        if peft_config is not None:
+            entry["peft"] = {adapter: config.to_dict() for adapter, config in peft_config.items()}
+        described[prefix] = entry
+    if described:
+        checkpoint[RECORD_KEY] = json.dumps(described, default=_jsonable)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset, tuple)):
+        return sorted(value, key=str) if isinstance(value, (set, frozenset)) else list(value)
+    return str(value)
+
+
+def export(
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    config: str | os.PathLike[str] | None = None,
+    prefix: str | None = None,
+    weights_only: bool | None = None,
+    max_shard_size: str = "5GB",
+) -> Path:
+    """Write the ``transformers`` model saved in ``checkpoint`` as a Hugging Face folder at ``out`` (a new folder),
+    which ``AutoModel*.from_pretrained(out)`` loads; a PEFT model is written as its adapter, which
+    ``PeftModel.from_pretrained(base, out)`` loads. Returns ``out``.
+
+    ``prefix`` picks the model where the LightningModule holds several (its attribute name, e.g. ``"model"``);
+    ``config`` is a folder with ``config.json`` for checkpoints saved without a record of the model.
+    """
+    from lightning_strategies.checkpoints import identify
+
+    source, out = Path(checkpoint), Path(out)
+    if out.exists():
+        raise CheckpointError(
+            f"{out} exists already; export writes a new folder and overwrites nothing. Choose another path, or "
+            "remove that one first."
+        )
+    found = identify(source)
+    if found is None or not found.read_weights:
+        what = "no checkpoint the installed strategy packages know" if found is None else found.description
+        raise CheckpointError(
+            f"{source} is {what}, which export cannot read. "
+            + (f"{found.to_full_weights.format(path=source)}, then export that file." if found else "Check the path.")
+        )
+    module_name, function = found.read_weights.split(":")
+    saved = getattr(importlib.import_module(module_name), function)(source, weights_only)
+    state_dict = saved.get("state_dict")
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(f"{source} holds no 'state_dict', so it is not a Lightning checkpoint of a model.")
+    records = json.loads(saved.get(RECORD_KEY) or "{}")
+    prefix, entry = _choose(source, records, prefix, config, state_dict)
+    weights = {
+        key.removeprefix(f"{prefix}."): value for key, value in state_dict.items() if key.startswith(f"{prefix}.")
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model = _skeleton(entry)
+        _check_keys(source, prefix, model, weights)
+        model.save_pretrained(staging, state_dict=weights, max_shard_size=max_shard_size)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _choose(
+    source: Path, records: dict[str, Any], prefix: str | None, config: Any, state_dict: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    if config is not None:
+        from transformers import AutoConfig
+
+        loaded = AutoConfig.from_pretrained(config)
+        architectures = loaded.architectures or []
+        if not architectures:
+            raise CheckpointError(f"{config}'s config.json names no architecture; save the model's config there.")
+        chosen = prefix if prefix is not None else _common_prefix(state_dict)
+        return chosen, {"class": architectures[0], "config": loaded.to_dict()}
+    if not records:
+        raise CheckpointError(
+            f"{source} has no record of a transformers model (it was saved by a strategy that keeps none). Pass "
+            "config=<the folder the model was loaded from, with config.json> (--config on the command line)."
+        )
+    if prefix is None:
+        if len(records) > 1:
+            raise CheckpointError(
+                f"{source} holds {len(records)} transformers models ({', '.join(records)}); pick one with prefix= "
+                "(--prefix on the command line)."
+            )
+        prefix = next(iter(records))
+    if prefix not in records:
+        raise CheckpointError(f"{source} holds no transformers model at {prefix!r}; it holds {', '.join(records)}.")
+    return prefix, records[prefix]
+
+
+def _common_prefix(state_dict: dict[str, Any]) -> str:
+    heads = {key.split(".", 1)[0] for key in state_dict}
+    if len(heads) != 1:
+        raise CheckpointError(
+            f"the checkpoint's weights sit under several attributes ({', '.join(sorted(heads))}); pick the model's "
+            "with prefix= (--prefix on the command line)."
+        )
+    return heads.pop()
+
+
+def _skeleton(entry: dict[str, Any]) -> Any:
+    """The recorded model built on the meta device: what ``save_pretrained`` needs besides the weights."""
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, entry["class"], None)
+    if model_class is None:
+        raise CheckpointError(
+            f"transformers {transformers.__version__} has no class {entry['class']}; install the version the model "
+            "was trained with."
+        )
+    config = model_class.config_class.from_dict(entry["config"])
+    with torch.device("meta"):
+        model = model_class._from_config(config)
+        if "peft" in entry:
+            import peft
+
+            for adapter, settings in entry["peft"].items():
+                adapter_config = peft.get_peft_config(settings)
+                if isinstance(model, peft.PeftModel):
+                    model.add_adapter(adapter, adapter_config)
+                else:
+                    model = peft.get_peft_model(model, adapter_config, adapter_name=adapter)
+    return model
+
+
+def _check_keys(source: Path, prefix: str, model: Any, weights: dict[str, Any]) -> None:
+    expected = set(model.state_dict())
+    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    missing = sorted(expected - set(weights) - tied)
+    unexpected = sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights under {prefix!r} in {source} do not match the recorded model: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}. Pass the config the model was built with (config=), or the right prefix."
+        )
