@@ -1,0 +1,391 @@
+"""Hugging Face ``transformers`` models through a strategy name, as users write them: built in ``configure_model``
+from a config or with ``from_pretrained``, optionally with a PEFT LoRA adapter, trained, saved and exported back to
+a Hugging Face folder.
+
+Run by every rank of one process group (``python -m lightning_strategies.conformance.hugging_face``, launched once;
+the Trainer starts the other ranks). Several cases run one after another in the same processes, each with a new
+Trainer, so one launch pays for the imports and the rendezvous. Rank 0 writes what it saw to ``--out``; the checks
+against a model built eagerly by plain ``transformers`` in one process are ``check_results``, run by the caller.
+
+Models are tiny versions of each family (vocabulary 128, width 64, two layers): real ``transformers`` classes, with
+their own initialisation, tied embeddings (GPT-2), key prefixes (BERT) and rotary buffers (Llama, Qwen, Mistral).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
+
+__all__ = [
+    "CAUSAL",
+    "FAMILIES",
+    "MODES",
+    "Case",
+    "HuggingFaceModule",
+    "check_results",
+    "data",
+    "eager_model",
+    "initialisation_problems",
+    "launch",
+    "logits_of",
+    "tiny_config",
+    "write_pretrained",
+]
+
+VOCABULARY = 128
+LENGTH = 16
+# The causal families and the config class each is built from; BERT is the sequence classifier of the ColossalAI
+# strategy's seed example, loaded from a pre-training checkpoint as bert-base-uncased is.
+CAUSAL = {
+    "llama": "LlamaConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "mistral": "MistralConfig",
+    "gpt2": "GPT2Config",
+}
+FAMILIES = (*CAUSAL, "bert")
+MODES = ("config", "pretrained", "lora")
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    mode: str
+    steps: int = 24
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.mode}"
+
+
+def tiny_config(family: str) -> Any:
+    import transformers
+
+    if family == "bert":
+        return transformers.BertConfig(
+            vocab_size=VOCABULARY, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        )  # fmt: skip
+    if family == "gpt2":
+        return transformers.GPT2Config(
+            vocab_size=VOCABULARY, n_embd=64, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )  # fmt: skip
+    return getattr(transformers, CAUSAL[family])(
+        vocab_size=VOCABULARY, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, head_dim=16,
+    )  # fmt: skip
+
+
+def write_pretrained(folder: Path, family: str, seed: int = 7, steps: int = 16) -> Path:
+    """A checkpoint of ``family`` saved with ``save_pretrained`` into ``folder/family``: ``steps`` steps into
+    learning the family's task (``data``), so that what reads it starts from weights no initialisation draws and
+    features a LoRA adapter can build on. BERT's is a pre-training checkpoint (``bert.*`` and ``cls.*`` weights),
+    as bert-base-uncased is, its encoder trained through a sequence classifier."""
+    import transformers
+
+    target = folder / family
+    if (target / "config.json").is_file():
+        return target
+    torch.manual_seed(seed)
+    model: Any
+    if family == "bert":
+        model = transformers.BertForSequenceClassification(tiny_config("bert"))
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(tiny_config(family))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = data(family, 8 * steps, seed=seed + 1).tensors
+    for step in range(steps):
+        batch = [tensor[8 * step : 8 * step + 8] for tensor in batches]
+        labels = batch[1] if family == "bert" else batch[0]
+        model(input_ids=batch[0], labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    if family == "bert":
+        classifier = model
+        model = transformers.BertForPreTraining(tiny_config("bert"))
+        model.bert.load_state_dict(classifier.bert.state_dict())
+    model.save_pretrained(target)
+    return target
+
+
+def data(family: str, count: int, seed: int) -> TensorDataset:
+    """Counting sequences for the causal families (each token the previous plus one); for BERT, sequences of words
+    from the lower or the upper half of the vocabulary, labelled by the half: both learnable in a few steps."""
+    generator = torch.Generator().manual_seed(seed)
+    if family != "bert":
+        starts = torch.randint(0, VOCABULARY, (count, 1), generator=generator)
+        return TensorDataset((starts + torch.arange(LENGTH)) % VOCABULARY)
+    labels = torch.randint(0, 2, (count,), generator=generator)
+    words = torch.randint(3, VOCABULARY // 2, (count, LENGTH), generator=generator) + labels[:, None] * (
+        VOCABULARY // 2 - 3
+    )
+    words[:, 0] = 2  # the classifier reads this first position
+    return TensorDataset(words, labels)
+
+
+class HuggingFaceModule(LightningModule):
+    """A ``transformers`` model built in ``configure_model`` as the case says, trained with AdamW."""
+
+    def __init__(self, case: Case, pretrained: str | None, learning_rate: float = 1e-3) -> None:
+        super().__init__()
+        self.case = case
+        self.pretrained = pretrained
+        self.learning_rate = learning_rate
+        self.model: Any = None
+        self.losses: list[float] = []
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        import transformers
+
+        family, mode = self.case.family, self.case.mode
+        model: Any
+        if family == "bert":
+            if mode == "config":
+                model = transformers.BertForSequenceClassification(tiny_config("bert"))
+            else:  # the seed example: a classifier from a pre-training checkpoint, its head initialised afresh
+                model = transformers.BertForSequenceClassification.from_pretrained(str(self.pretrained), num_labels=2)
+        elif mode == "config":
+            # Both ways users build from a config: the class itself and the Auto factory.
+            config = tiny_config(family)
+            model = (
+                transformers.LlamaForCausalLM(config)
+                if family == "llama"
+                else transformers.AutoModelForCausalLM.from_config(config)
+            )
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(self.pretrained))
+        if mode == "lora":
+            import peft
+
+            task = "SEQ_CLS" if family == "bert" else "CAUSAL_LM"  # a classifier's new head trains beside the adapter
+            settings = peft.LoraConfig(task_type=task, r=8, lora_alpha=16, target_modules="all-linear")
+            model = peft.get_peft_model(model, settings)
+        self.model = model
+
+    def forward(self, batch: list[torch.Tensor]) -> Any:
+        if self.case.family == "bert":
+            return self.model(input_ids=batch[0], labels=batch[1] if len(batch) > 1 else None)
+        return self.model(input_ids=batch[0], labels=batch[0])
+
+    def training_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
+        loss = self(batch).loss
+        self.losses.append(float(loss.detach()))
+        return loss
+
+    def predict_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
+        return self(batch).logits.float().cpu()
+
+    # Saved while fitting (a ZeRO-3 model set up for predict has no engine to save with): the weights as set up,
+    # before any step (initialised from a config, or read from a checkpoint), and as trained.
+    def on_train_start(self) -> None:
+        self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "initial.ckpt")
+
+    def on_train_end(self) -> None:
+        self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "last.ckpt")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
+        return torch.optim.AdamW(trainable, lr=self.learning_rate)
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = data(self.case.family, 256, seed=0)
+        # Each rank its own part of the data; the Trainer's distributed sampler is off for predict (below).
+        sampler: DistributedSampler = DistributedSampler(
+            dataset, self.trainer.world_size, self.trainer.global_rank, shuffle=False
+        )
+        return DataLoader(dataset, batch_size=8, sampler=sampler)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(data(self.case.family, 16, seed=1), batch_size=16)  # every rank the same batch
+
+
+def run(case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path) -> dict[str, Any]:
+    """Predict, fit, predict again, save and export one case; what rank 0 saw."""
+    from lightning_strategies import hugging_face
+
+    seed_everything(0, verbose=False)
+    pretrained = str(folder / "pretrained" / case.family) if case.mode != "config" else None
+    # Adapters of rank 8 on a few projections move the model slowly: they get the larger step LoRA recipes use.
+    module = HuggingFaceModule(case, pretrained, learning_rate=1e-2 if case.mode == "lora" else 1e-3)
+    trainer = Trainer(
+        strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
+        use_distributed_sampler=False, default_root_dir=folder / case.name, **QUIET_TRAINER,
+    )  # fmt: skip
+    before: Any = trainer.predict(module)
+    trainer.fit(module)
+    after: Any = trainer.predict(module)
+    trainer.strategy.barrier()
+    result: dict[str, Any] = {"case": asdict(case), "losses": module.losses}
+    if trainer.is_global_zero:
+        torch.save({"before": before[0], "after": after[0]}, folder / case.name / "logits.pt")
+        trainable = [name for name, parameter in module.named_parameters() if parameter.requires_grad]
+        # A LoRA model trains its adapters (and a classifier's new head, which PEFT copies under modules_to_save).
+        result["trained_beside_adapters"] = [
+            name for name in trainable if not ("lora_" in name or "modules_to_save" in name)
+        ]
+        for stage in ("initial", "last"):
+            hugging_face.export(folder / case.name / f"{stage}.ckpt", folder / case.name / f"{stage}-exported")
+    trainer.strategy.barrier()
+    return result
+
+
+def launch(strategy: str, folder: Path, cases: list[Case], **options: Any) -> Path:
+    """Write the pretrained checkpoints ``cases`` need into ``folder``, then run every case in one launch of this
+    module (whose Trainer starts the other ranks); ``options`` go to ``testing.run_script`` (``env``, ``unset``).
+    Returns ``folder``, for ``check_results``."""
+    from lightning_strategies.testing import run_script
+
+    for family in sorted({case.family for case in cases if case.mode != "config"}):
+        write_pretrained(folder / "pretrained", family)
+    names = ",".join(case.name for case in cases)
+    run_script("-m", __name__, "--strategy", strategy, "--folder", folder, "--cases", names, timeout=1200, **options)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lightning_strategies.conformance.hugging_face")
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--cases", required=True, help="family-mode names, comma separated (llama-pretrained,...)")
+    parser.add_argument("--folder", required=True, help="holds pretrained/<family>; each case writes <case>/ here")
+    arguments = parser.parse_args(argv)
+    folder = Path(arguments.folder)
+    results: list[dict[str, Any]] = []
+    for name in arguments.cases.split(","):
+        family, mode = name.rsplit("-", 1)
+        case = Case(family, mode)
+        try:
+            results.append(
+                run(case, arguments.strategy, arguments.accelerator, arguments.devices, arguments.precision, folder)
+            )
+        except Exception as error:
+            # The other ranks wait in a collective of this case: the run ends here (the strategy's failure
+            # report stops them), with the cases done so far and this one's traceback on record.
+            results.append({"case": asdict(case), "error": f"{type(error).__name__}: {error}",
+                            "traceback": traceback.format_exc()})  # fmt: skip
+            raise
+        finally:
+            if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:
+                (folder / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+# -- checks, in the caller's process against plain transformers ---------------------------------------------------
+
+
+def eager_model(family: str, folder: Path | None = None, seed: int = 0) -> Any:
+    """The model plain ``transformers`` builds in one process: from ``folder`` (a saved one), else from the config."""
+    import transformers
+
+    if family == "bert":
+        if folder is None:
+            torch.manual_seed(seed)
+            return transformers.BertForSequenceClassification(tiny_config("bert")).eval()
+        return transformers.AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2).eval()
+    if folder is None:
+        torch.manual_seed(seed)
+        return transformers.AutoModelForCausalLM.from_config(tiny_config(family)).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def logits_of(model: Any, family: str) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=data(family, 16, seed=1).tensors[0]).logits.float()
+
+
+def initialisation_problems(initial: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> list[str]:
+    """Where weights set up from a config do not look like those plain ``transformers`` draws: every tensor of the
+    same size, constants (norms, biases, rotary and position buffers) equal, random ones of the same spread."""
+    problems = []
+    for name, expected in reference.items():
+        value = initial.get(name)
+        if value is None:
+            problems.append(f"{name} missing")
+        elif value.shape != expected.shape:
+            problems.append(f"{name}: shape {list(value.shape)}, expected {list(expected.shape)}")
+        elif expected.numel() < 64 or expected.float().std() == 0:
+            if not torch.equal(value.float(), expected.float()):
+                problems.append(f"{name}: differs from the constant transformers sets")
+        elif not 0.75 < value.float().std() / expected.float().std() < 1.33:
+            problems.append(f"{name}: std {value.float().std():.4f}, transformers draws {expected.float().std():.4f}")
+    return problems
+
+
+def check_results(folder: Path, cases: list[Case], atol: float = 1e-4) -> dict[str, list[str]]:
+    """Each case's failures (empty when it passed):
+
+    - as set up, before any step, the weights are those of plain ``transformers``: drawn alike from a config (same
+      constants, same spreads), read exactly from a checkpoint (a new head, such as BERT's classifier, drawn alike);
+      the predictions of a checkpoint's model are those of ``transformers`` loading the same folder;
+    - training lowers the loss, and a LoRA case trains only its adapters;
+    - the exported folder loads with ``from_pretrained`` and predicts what the trained model predicted.
+    """
+    results = {result["case"]["family"] + "-" + result["case"]["mode"]: result for result in _read(folder)}
+    report: dict[str, list[str]] = {}
+    for case in cases:
+        result = results.get(case.name)
+        problems: list[str] = report.setdefault(case.name, [])
+        if result is None or "error" in result:
+            problems.append(f"did not run: {(result and result.get('traceback')) or 'no result'}")
+            continue
+        losses = result["losses"]
+        logits = torch.load(folder / case.name / "logits.pt", weights_only=True)
+        pretrained = None if case.mode == "config" else folder / "pretrained" / case.family
+        if case.mode != "lora":
+            initial = eager_model(case.family, folder / case.name / "initial-exported").state_dict()
+            reference = eager_model(case.family, pretrained).state_dict()
+            if pretrained is None:
+                problems += initialisation_problems(initial, reference)
+            else:
+                drawn = {name for name in reference if case.family == "bert" and name.startswith("classifier.")}
+                problems += [f"{name} differs from the checkpoint's" for name in reference
+                             if name not in drawn and not torch.equal(initial[name], reference[name])]  # fmt: skip
+                problems += initialisation_problems(
+                    {name: initial[name] for name in drawn}, {name: reference[name] for name in drawn}
+                )
+        if pretrained is not None and case.family != "bert":
+            reference_logits = logits_of(eager_model(case.family, pretrained), case.family)
+            if not torch.allclose(logits["before"], reference_logits, atol=atol):
+                difference = (logits["before"] - reference_logits).abs().max().item()
+                problems.append(f"predictions before training differ from transformers' by {difference:.2e}")
+        if not min(losses[-4:]) < losses[0] - 0.1:
+            problems.append(f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}")
+        if case.mode == "lora" and result["trained_beside_adapters"]:
+            problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
+        exported_folder = folder / case.name / "last-exported"
+        if case.mode == "lora":  # the adapter alone, loaded onto the model it was trained on
+            import peft
+
+            exported_model = peft.PeftModel.from_pretrained(eager_model(case.family, pretrained), exported_folder)
+        else:
+            exported_model = eager_model(case.family, exported_folder)
+        exported = logits_of(exported_model.eval(), case.family)
+        if not torch.allclose(exported, logits["after"], atol=atol):
+            difference = (exported - logits["after"]).abs().max().item()
+            problems.append(f"the exported model predicts {difference:.2e} away from the trained one")
+    return report
+
+
+def _read(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
