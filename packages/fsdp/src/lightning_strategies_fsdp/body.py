@@ -29,11 +29,12 @@ from torch import Tensor, nn
 
 from lightning_strategies import check_choice
 from lightning_strategies.checkpoints import recover_before_load
+from lightning_strategies.hugging_face import deferred_pretrained_loading
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
 from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
 from lightning_strategies_fsdp.process_group import ProcessGroupMixin
-from lightning_strategies_fsdp.sharding import set_gradient_sync, shard_model
+from lightning_strategies_fsdp.sharding import refuse_loads_into_meta, set_gradient_sync, shard_model
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -125,8 +126,17 @@ class FSDP2Body(LightningAttributesMixin, ProcessGroupMixin):
         is sharded."""
         stack = ExitStack()
         if empty_init:
-            stack.enter_context(torch.device("meta"))
+            stack.enter_context(self._deferred_init())
         stack.enter_context(precision_context)
+        return stack
+
+    def _deferred_init(self) -> ExitStack:
+        """Modules created inside are built on the meta device, ``from_pretrained`` ones too (their weights are read
+        into each shard once the model is sharded), and nothing is allocated until ``_shard``."""
+        stack = ExitStack()
+        stack.enter_context(deferred_pretrained_loading(STRATEGY))
+        stack.enter_context(refuse_loads_into_meta(STRATEGY))
+        stack.enter_context(torch.device("meta"))
         return stack
 
     # Collectives ------------------------------------------------------------------------------

@@ -379,13 +379,29 @@ def full_to_sharded(
     return destination
 
 
-def _whole_state(folder: Path, metadata: Metadata, weights_only: bool | None) -> dict[str, Any]:
-    """Every tensor and value of a sharded checkpoint, unsharded, in the nesting it was saved with."""
+def read_weights(source: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
+    """A sharded checkpoint folder's model weights, whole, with Lightning's entries beside them (one process, no
+    GPU): the ``read_weights`` of the DCP format, which ``lightning_strategies.hugging_face.export`` reads."""
+    source = Path(source)
+    check_checkpoint_path(source)
+    metadata = checked_sharded_metadata(source, weights_only)
+    metadata_path = source / METADATA_FILE
+    rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
+    return {**_whole_state(source, metadata, weights_only, only="state_dict"), **rest}
+
+
+def _whole_state(
+    folder: Path, metadata: Metadata, weights_only: bool | None, only: str | None = None
+) -> dict[str, Any]:
+    """Every tensor and value of a sharded checkpoint (or of its entry ``only``), unsharded, in the nesting it was
+    saved with."""
     state: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
+        where = (metadata.planner_data or {}).get(key, (key,))  # DCP flattened nested keys on save
+        if only is not None and where[0] != only:
+            continue
         # Tensors are read into tensors of their global size; None holds the place of other values.
         value = torch.empty(item.size, dtype=item.properties.dtype) if isinstance(item, TensorStorageMetadata) else None
-        where = (metadata.planner_data or {}).get(key, (key,))  # DCP flattened nested keys on save
         _set_nested(state, where, value)
     with _in_one_process():
         load_sharded_state(state, folder, metadata, weights_only, no_dist=True)

@@ -21,4 +21,5 @@ DCP = CheckpointFormat(
     'the fsdp strategies (strategy="fsdp", ..., from lightning-strategies-fsdp), on any number of processes',
     "`python -m lightning_strategies_fsdp.convert {path} full.ckpt` writes one file of full weights",
     is_dcp_folder,
+    read_weights="lightning_strategies_fsdp.checkpoint:read_weights",
 )

@@ -6,9 +6,12 @@ all three shard a model the same way.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterable
+import re
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -17,6 +20,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
+from lightning_strategies.hugging_face import PretrainedWeights, hugging_face_models, initialize, load_pending
 from lightning_strategies_fsdp.options import ShardingOptions, mesh_shape
 
 MESH_DIM_NAMES = {1: ("shard",), 2: ("replicate", "shard")}
@@ -199,8 +203,9 @@ def has_meta_tensors(module: nn.Module) -> bool:
 
 
 def materialize(module: nn.Module, device: torch.device, param_init_fn: Any = None) -> None:
-    """Allocate parameters created on the meta device (already sharded: each process allocates its
-    shard only) and initialize them with ``param_init_fn`` or each module's ``reset_parameters``."""
+    """Allocate the tensors created on the meta device (already sharded: each process allocates its shard only),
+    initialize them with ``param_init_fn`` or as their construction would have (``hugging_face.initialize``), and
+    read the weights of models built by ``from_pretrained`` into each process's shards from their files."""
     if not has_meta_tensors(module):
         return
     initializers = [
@@ -208,18 +213,77 @@ def materialize(module: nn.Module, device: torch.device, param_init_fn: Any = No
         for submodule in module.modules()
         if any(tensor.is_meta for tensor in (*submodule.parameters(recurse=False), *submodule.buffers(recurse=False)))
     ]
-    module.to_empty(device=device)
+    for submodule in initializers:
+        submodule.to_empty(device=device, recurse=False)
     with torch.no_grad():
-        for submodule in initializers:
-            if param_init_fn is not None:
+        if param_init_fn is not None:
+            for submodule in initializers:
                 param_init_fn(submodule)
-            elif callable(reset_parameters := getattr(submodule, "reset_parameters", None)):
-                reset_parameters()
-            else:
-                raise RuntimeError(
-                    f"{type(submodule).__name__} was created on the meta device but has no reset_parameters() to "
-                    "initialize it. Give it one, or pass param_init_fn=<callable(module)> to the strategy."
-                )
+        else:
+            _refuse_uninitializable(module, initializers)
+            initialize(module, initializers)
+        load_pending(module, _read_local_shard)
+
+
+def _refuse_uninitializable(root: nn.Module, initializers: list[nn.Module]) -> None:
+    """Every module built on the meta device needs a way to get values: its own reset_parameters, or the
+    initialization of the transformers model or LoRA adapter it belongs to."""
+    covered = {id(module) for model in hugging_face_models(root) for module in model.modules()}
+    for submodule in initializers:
+        if id(submodule) in covered or callable(getattr(submodule, "reset_parameters", None)):
+            continue
+        if callable(getattr(submodule, "reset_lora_parameters", None)):
+            continue
+        raise RuntimeError(
+            f"{type(submodule).__name__} was created on the meta device but has no reset_parameters() to "
+            "initialize it. Give it one, or pass param_init_fn=<callable(module)> to the strategy."
+        )
+
+
+def _read_local_shard(name: str, tensor: Any, weights: PretrainedWeights, own_name: str) -> None:
+    """Copy this process's shard of a pretrained weight from its file, reading only that shard's bytes."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(tensor, DTensor):
+        tensor.copy_(weights.read(own_name))
+        return
+    index = [slice(None)] * tensor.dim()
+    for mesh_dim, placement in enumerate(tensor.placements):
+        if isinstance(placement, Shard):
+            # fully_shard splits as torch.chunk does: equal pieces of ceil(size / shards) rows, the last ones shorter.
+            size, shards = tensor.shape[placement.dim], tensor.device_mesh.size(mesh_dim)
+            piece = -(-size // shards)
+            start = min(tensor.device_mesh.get_local_rank(mesh_dim) * piece, size)
+            index[placement.dim] = slice(start, min(start + piece, size))
+    local = tensor.to_local()
+    local.copy_(weights.read(own_name, tuple(index)).reshape(local.shape))
+
+
+# torch's warning for a state-dict value copied into a meta-device parameter, which keeps nothing.
+NO_OP_LOAD = r"for .*: copying from a non-meta parameter in the checkpoint to a meta parameter"
+
+
+@contextlib.contextmanager
+def refuse_loads_into_meta(strategy: str) -> Iterator[None]:
+    """``load_state_dict`` into a model built on the meta device keeps nothing (torch only warns): refuse it with
+    what works instead, rather than train from random weights."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.filterwarnings("always", message=NO_OP_LOAD)
+            yield
+    finally:
+        for warning in caught:  # every other warning is shown as it would have been
+            if not re.match(NO_OP_LOAD, str(warning.message)):
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    discarded = [str(warning.message) for warning in caught if re.match(NO_OP_LOAD, str(warning.message))]
+    if discarded:
+        raise RuntimeError(
+            f"configure_model loaded {len(discarded)} weight(s) into parameters on the meta device, which keeps none "
+            f"of them ({discarded[0].split(':')[0].removeprefix('for ')}, ...): {strategy} builds the model on the "
+            "meta device and allocates each shard in setup. Load a transformers model with from_pretrained (read "
+            "into the shards), or other weights after setup: Trainer.fit(ckpt_path=...) or in on_fit_start."
+        )
 
 
 def set_gradient_sync(module: nn.Module, enabled: bool) -> None:

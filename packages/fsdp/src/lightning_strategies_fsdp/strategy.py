@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import reads_torch_save_files, remove
+from lightning_strategies.hugging_face import record_models
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
@@ -144,6 +145,13 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
             yield
 
     @contextmanager
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        """``configure_model`` (and ``configure_sharded_model``) build on the meta device: no process holds the
+        whole model, and ``setup`` allocates each shard where it trains, initialized or read from the files."""
+        with self._deferred_init():
+            yield
+
+    @contextmanager
     def block_backward_sync(self) -> Generator[None, None, None]:
         assert self.model is not None
         with gradient_sync_paused(self.model):
@@ -174,6 +182,7 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         self._refuse_storage_options(storage_options)
         path = self._agreed_path(filepath)
+        record_models(checkpoint, self.lightning_module)
         if self._full_state:
             self._save_full(path, checkpoint, storage_options)
             return
