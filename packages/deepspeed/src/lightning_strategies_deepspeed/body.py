@@ -34,6 +34,7 @@ from lightning_strategies_deepspeed.backend import export_ranks, import_deepspee
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
+from lightning_strategies_deepspeed.partitioned_models import finish_partitioned_models
 
 # The precision flags DeepSpeed trains with, and the dtype each casts inputs (and, for "-true", the module) to.
 DTYPES = {
@@ -272,6 +273,12 @@ class DeepSpeedBody(LightningAttributesMixin):
             raise NotImplementedError(
                 "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
             )
+
+    def _finish_partitioned_models(self: _ParallelStrategy, module: torch.nn.Module) -> None:
+        """The ``transformers`` models built partitioned get Hugging Face's initialisation and their pretrained
+        weights, before the engine takes them (``partitioned_models``)."""
+        if self.zero_stage_3:
+            finish_partitioned_models(module, import_deepspeed(self.root_device.type), self.global_rank)
 
     def _partitioned_init(self: _ParallelStrategy, config: dict[str, Any]) -> Any:
         """ZeRO-3's context in which parameters are created partitioned across the ranks."""

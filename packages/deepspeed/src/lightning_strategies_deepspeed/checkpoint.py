@@ -175,6 +175,14 @@ def load_into_engine(
 
 def save(engine: Any, path: Path, client_state: dict[str, Any], exclude_frozen_parameters: bool) -> None:
     """Write the engine's checkpoint directory at ``path`` (on every rank), complete when this returns."""
+    if engine.checkpoint_engine is None:
+        # DeepSpeed sets no writer up for a ZeRO-3 engine built without an optimizer (validate, test, predict):
+        # its save_checkpoint would fail on one rank with an AttributeError and leave the others waiting.
+        raise RuntimeError(
+            "DeepSpeed cannot save a checkpoint of a ZeRO stage 3 model set up for validate, test or predict (its "
+            "engine has no optimizer to save with). Save during or after trainer.fit, or export the weights with "
+            "`python -m lightning_strategies_deepspeed.convert` from the checkpoint that fit saved."
+        )
     engine.save_checkpoint(
         str(path),
         client_state=_client_state(client_state),
@@ -277,6 +285,12 @@ def convert_zero_checkpoint(
         with staged_save(output_file) as staged:
             torch.save(converted, staged)
     return converted
+
+
+def read_weights(checkpoint: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
+    """The ``read_weights`` of the DeepSpeed format: the checkpoint merged into full fp32 weights in one process, as
+    ``lightning_strategies.hugging_face.export`` reads it."""
+    return convert_zero_checkpoint(checkpoint, weights_only=weights_only)
 
 
 def convert_to_universal(checkpoint: str | os.PathLike, output_dir: str | os.PathLike) -> Path:

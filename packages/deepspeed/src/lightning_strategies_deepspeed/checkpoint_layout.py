@@ -32,4 +32,5 @@ DEEPSPEED = CheckpointFormat(
     'the deepspeed strategies (strategy="deepspeed_stage_2", ..., from lightning-strategies-deepspeed)',
     "`python -m lightning_strategies_deepspeed.convert {path} full.ckpt` writes one file of full fp32 weights",
     is_deepspeed_checkpoint,
+    read_weights="lightning_strategies_deepspeed.checkpoint:read_weights",
 )

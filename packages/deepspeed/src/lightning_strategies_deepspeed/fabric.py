@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies import check_choice, constructor_for
 from lightning_strategies.checkpoints import weights_only_keyword
+from lightning_strategies.hugging_face import deferred_pretrained_loading
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
@@ -116,11 +117,13 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
         if len(optimizers) != 1:
             raise ValueError(f"DeepSpeed drives one optimizer per model; got {len(optimizers)}. Set up one per model.")
+        self._finish_partitioned_models(module)
         engine, optimizer, _, scheduler = self._initialize_engine(module, optimizers[0], scheduler)
         self._engine = engine
         return engine, [optimizer], scheduler
 
     def setup_module(self, module: Module) -> Any:
+        self._finish_partitioned_models(module)
         self._engine = self._initialize_evaluation_engine(module)
         return self._engine
 
@@ -140,7 +143,10 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     def module_sharded_context(self) -> AbstractContextManager:
         if not self.zero_stage_3:
             return nullcontext()
-        return self._partitioned_init(self.config)
+        stack = ExitStack()
+        stack.enter_context(deferred_pretrained_loading(type(self).__name__, initialize_later=True))
+        stack.enter_context(self._partitioned_init(self.config))
+        return stack
 
     def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
         engine = module if hasattr(module, "backward") and hasattr(module, "step") else self._engine

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from lightning_strategies import CheckpointError, MissingBackendError, constructor_for
 from lightning_strategies.checkpoints import remove
+from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_deepspeed import checkpoint as checkpoints
@@ -89,6 +90,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         self._check_nvme_path()
         self._complete_trainer_config(trainer)
         model = self.precision_plugin.convert_module(self.model)
+        self._finish_partitioned_models(model)
         if trainer.state.fn == TrainerFn.FITTING:
             self._initialize_for_training(model)
         else:
@@ -218,7 +220,10 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         if not self.zero_stage_3:
             yield
             return
-        with self._partitioned_init(self._init_config()):
+        with (
+            deferred_pretrained_loading(self.strategy_name, initialize_later=True),
+            self._partitioned_init(self._init_config()),
+        ):
             yield
 
     def _init_config(self) -> dict[str, Any]:
@@ -244,6 +249,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             raise TypeError(
                 "DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files."
             )
+        record_models(checkpoint, self.lightning_module)
         client_state = {
             key: value for key, value in checkpoint.items() if key not in ("state_dict", "optimizer_states")
         }

@@ -1,0 +1,81 @@
+"""``transformers`` models built as ZeRO-3 partitions in ``configure_model``: Hugging Face's initialisation and
+pretrained weights, written through gathered parameters.
+
+Under ``zero.Init`` each layer is partitioned as soon as it is built, so what ``PreTrainedModel.post_init`` then
+initialises (normal(0, 0.02) and the like) is each rank's empty placeholder: nothing. And ``from_pretrained`` inside
+``configure_model`` builds the model there and leaves its weights to be read (core's ``hugging_face.pretrained``).
+Both are done here, before the engine is built: a module's parameters are gathered, rank 0 initialises or reads
+them, and DeepSpeed scatters the result back into the partitions.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from lightning_strategies.hugging_face import hugging_face_models, lora_layers, pretrained_tensors
+
+# How many elements are gathered at once to be written: about 1 GiB of fp32 per group.
+GATHER_ELEMENTS = 2**28
+# Models and LoRA layers whose initialisation is done: a later fit, validate or test of the same module leaves them be.
+_finished: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int) -> None:
+    """Initialise the ``transformers`` models of ``root`` that were built partitioned, as Hugging Face would have,
+    then read the pretrained weights of those built by ``from_pretrained``."""
+    for model in hugging_face_models(root):
+        if _built_partitioned(model):
+            _initialize(model)
+            _finished.add(model)
+    with torch.no_grad():
+        # PEFT zeroes each new adapter's B after building it: under ZeRO-3, an empty placeholder by then.
+        for layer, reset in lora_layers(root):
+            if _built_partitioned(layer):
+                with deepspeed.zero.GatheredParameters(list(layer.parameters()), modifier_rank=0):
+                    if rank == 0:
+                        reset()
+                _finished.add(layer)
+        for group in _groups(pretrained_tensors(root)):
+            parameters = [tensor for _, tensor, _, _ in group if hasattr(tensor, "ds_id")]
+            with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
+                for _, tensor, weights, original in group:
+                    if rank == 0 or not hasattr(tensor, "ds_id"):  # buffers are not partitioned: every rank
+                        tensor.copy_(weights.read(original))
+
+
+def _built_partitioned(module: nn.Module) -> bool:
+    """Built under ``zero.Init`` (its parameters are partitions already) and not yet finished here."""
+    return module not in _finished and any(hasattr(parameter, "ds_id") for parameter in module.parameters())
+
+
+def _initialize(model: Any) -> None:
+    """Hugging Face's initialisation of a partitioned model, module by module on gathered parameters (the library's
+    own ZeRO-3 variant of ``initialize_weights``). It skips what is flagged initialised, and ``post_init`` flagged
+    everything when it ran on the empty partitions, so the flags go first."""
+    from transformers.integrations.deepspeed import initialize_weights_zero3
+
+    for module in model.modules():
+        for item in (module, *module.parameters(recurse=False), *module.buffers(recurse=False)):
+            item.__dict__.pop("_is_hf_initialized", None)
+    initialize_weights_zero3(model)
+    model.tie_weights()
+
+
+def _groups(tensors: Iterator[tuple[str, Any, Any, str]]) -> Iterator[list[tuple[str, Any, Any, str]]]:
+    """Consecutive tensors, up to ``GATHER_ELEMENTS`` a group, so one gather serves many small weights."""
+    group: list[tuple[str, Any, Any, str]] = []
+    elements = 0
+    for item in tensors:
+        size = int(getattr(item[1], "ds_numel", item[1].numel()))
+        if group and elements + size > GATHER_ELEMENTS:
+            yield group
+            group, elements = [], 0
+        group.append(item)
+        elements += size
+    if group:
+        yield group
