@@ -19,4 +19,5 @@ COLOSSALAI = CheckpointFormat(
     'the colossalai strategies (strategy="colossalai", from lightning-strategies-colossalai-gemini)',
     "load it with a colossalai strategy and save it again with state_dict_type='full': one file of full weights",
     is_colossalai_checkpoint,
+    read_weights="lightning_strategies_colossalai.sharded_checkpoint:read_weights",
 )

@@ -55,6 +55,19 @@ def check_accelerator(accelerator: Any, placement: str) -> None:
     )  # fmt: skip
 
 
+def check_adapters(module: Any) -> None:
+    """PEFT adapters (LoRA) freeze the model they adapt, and Gemini keeps frozen parameters whole on every GPU."""
+    from lightning_strategies.hugging_face import lora_layers
+
+    if lora_layers(module):
+        raise CapabilityError(
+            "ColossalAIStrategy cannot train a PEFT LoRA model: ColossalAI 0.5's GeminiPlugin does not support LoRA "
+            "(its support_lora() is False) and keeps every frozen parameter, the whole base model here, unsharded "
+            "on each GPU. Train the adapter with strategy='fsdp' or 'deepspeed_stage_3', which shard the frozen "
+            "model, or fine-tune the whole model with colossalai."
+        )
+
+
 def check_optimizers(optimizers: list[Any]) -> None:
     """Gemini steps exactly one HybridAdam or CPUAdam (GeminiOptimizer refuses any other type)."""
     from colossalai.nn.optimizer import CPUAdam, HybridAdam

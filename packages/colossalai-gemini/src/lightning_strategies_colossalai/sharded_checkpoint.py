@@ -10,6 +10,7 @@ and optimizer states, which the shards hold.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,19 @@ def check_sharded_checkpoint(path: Path, with_optimizer: bool, weights_only: boo
     check_sharded_folder(path, with_optimizer)
     # Read first: a weights_only refusal stops the load before any shard is read.
     return read_sharded_meta(path, weights_only)
+
+
+def read_weights(path: str | os.PathLike[str], weights_only: bool | None = None) -> dict[str, Any]:
+    """A sharded checkpoint folder's model weights, whole, with Lightning's entries from ``meta.pt`` beside them (one
+    process, no GPU: the shards hold whole tensors): the ``read_weights`` of the ColossalAI format."""
+    folder = Path(path)
+    check_sharded_folder(folder, with_optimizer=False)
+    meta = read_sharded_meta(folder, weights_only)
+    index = json.loads(next((folder / MODEL_FOLDER).glob("*.index.json")).read_text())
+    state_dict: dict[str, Any] = {}
+    for name in sorted(set(index["weight_map"].values())):
+        state_dict.update(load_file(folder / MODEL_FOLDER / name, weights_only=weights_only, map_location="cpu"))
+    return {**meta, "state_dict": state_dict}
 
 
 def is_sharded_folder(path: Path) -> bool:

@@ -28,6 +28,7 @@ from lightning_strategies.checkpoints import (
     weights_only_keyword,
 )
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
+from lightning_strategies.hugging_face import record_models
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, memory, refusals
@@ -182,7 +183,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     def model_sharded_context(self) -> Any:
         """Modules built in ``configure_model`` are lazy: materialised one parameter at a time as
         GeminiDDP moves them into (sharded) chunks."""
-        return lazy_init.lazy_init_context(self.root_device)
+        return lazy_init.lazy_init_context(self.root_device, self.strategy_name)
 
     def model_to_device(self) -> None:
         """GeminiDDP moves parameters into chunks on the placement's devices."""
@@ -216,6 +217,10 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             self.setup_optimizers(trainer)
             self.check_optimizers(self.optimizers)
             optimizer = self.optimizers[0]
+        if self._gemini_model is None:  # a model new to Gemini: its pretrained weights are read as it is chunked
+            assert self.lightning_module is not None
+            refusals.check_adapters(self.lightning_module)
+            lazy_init.read_pretrained_when_built(self.lightning_module)
         self._gemini_plugin, model, gemini_optimizer = gemini_setup.configure_gemini(
             self._gemini_plugin, self._gemini_model, self.lightning_module, optimizer,
             lambda: self.plugin_arguments(trainer), self.settings.pins_offloaded_chunks,
@@ -278,6 +283,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Write beside ``filepath``, published in one step once every rank is done (core's ``staged_save``)."""
+        record_models(checkpoint, self.lightning_module)
         if "optimizer_states" in checkpoint and self.optimizers:
             checkpoint[checkpoint_state.LOSS_SCALER_KEY] = checkpoint_state.loss_scaler_state(self.gemini_optimizer)
         if self.settings.state_dict_type == "full":
