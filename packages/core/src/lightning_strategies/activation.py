@@ -18,6 +18,7 @@ from typing import Any
 
 import _lightning_strategies_autoload
 
+from lightning_strategies.entries import TRAINER_NAMESPACES
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
 from lightning_strategies.known import (
     LIGHTNING_BUILTIN_ACCELERATORS,
@@ -25,7 +26,7 @@ from lightning_strategies.known import (
     PROJECT_PACKAGES,
     providing_distribution,
 )
-from lightning_strategies.registry import TRAINER_NAMESPACES, StrategyRegistry, clash_message, get_registry
+from lightning_strategies.registry import StrategyRegistry, clash_message, get_registry
 
 log = logging.getLogger(__name__)
 

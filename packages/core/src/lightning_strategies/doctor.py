@@ -17,7 +17,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from lightning_strategies.backends import installed_version
-from lightning_strategies.registry import StrategyEntry, StrategyRegistry
+from lightning_strategies.entries import StrategyEntry
+from lightning_strategies.registry import StrategyRegistry
 
 
 @dataclass

@@ -13,8 +13,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from lightning_strategies.checkpoints.formats import CheckpointFormat
+    from lightning_strategies.entries import PluginRegistrar
     from lightning_strategies.planning import Candidate, Machine, Workload
-    from lightning_strategies.registry import PluginRegistrar
 
 PROJECT_NAME = "lightning_strategies"
 

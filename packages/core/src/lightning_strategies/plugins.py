@@ -16,7 +16,8 @@ from typing import Any
 import pluggy
 
 from lightning_strategies import hookspecs
-from lightning_strategies.registry import PluginProblem, PluginRegistrar, StrategyRegistry
+from lightning_strategies.entries import PluginRegistrar
+from lightning_strategies.registry import PluginProblem, StrategyRegistry
 
 log = logging.getLogger(__name__)
 
