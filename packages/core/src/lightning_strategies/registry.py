@@ -1,5 +1,7 @@
-"""The one registry every plugin writes into: one entry per name (``entries.StrategyEntry``), its clashes,
-and the process-wide registry filled from installed plugins on first use.
+"""The names every plugin registered, and the process-wide registry filled from installed plugins on first use.
+
+The registry holds names only: one entry per name (``entries.StrategyEntry``), the clashes, and what
+was skipped while loading. Which plugins filled it, and calling their other hooks, is ``hooks``' part.
 """
 
 from __future__ import annotations
@@ -7,7 +9,6 @@ from __future__ import annotations
 import difflib
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from lightning_strategies.entries import TRAINER_NAMESPACES, StrategyEntry
@@ -20,16 +21,7 @@ from lightning_strategies.known import (
     lightning_builtin_entry_points,
     providing_distribution,
 )
-
-
-@dataclass(frozen=True)
-class PluginProblem:
-    """A plugin (or one of its names) that was skipped, with the reason shown by `list`."""
-
-    plugin: str
-    distribution: str | None
-    reason: str
-    names: tuple[str, ...] = ()
+from lightning_strategies.plugins import PluginProblem, load_installed_plugins
 
 
 class StrategyRegistry:
@@ -45,7 +37,6 @@ class StrategyRegistry:
         self.problems: list[PluginProblem] = []
         self.loaded_plugins: list[str] = []
         self.disable_problems: list[str] = []  # LIGHTNING_STRATEGIES_DISABLE values that matched no plugin
-        self.plugin_manager: Any = None  # the pluggy manager that loaded the plugins, for later hooks
 
     def __iter__(self) -> Iterator[StrategyEntry]:
         return iter(sorted(self._entries.values(), key=lambda entry: entry.name))
@@ -190,8 +181,6 @@ def get_registry() -> StrategyRegistry:
     if _registry is None:
         with _registry_lock:
             if _registry is None:
-                from lightning_strategies.plugins import load_installed_plugins
-
                 registry = StrategyRegistry()
                 load_installed_plugins(registry)
                 _registry = registry
