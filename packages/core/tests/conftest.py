@@ -33,6 +33,27 @@ def installed_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def lightning_registries() -> Iterator[list]:
+    """Lightning's four registries, restored after the test so names do not leak between tests."""
+    import lightning.fabric.strategies as fabric
+    import lightning.pytorch.strategies as trainer
+    import lightning_fabric.strategies as standalone_fabric
+    import pytorch_lightning.strategies as standalone_trainer
+
+    registries = [
+        trainer.StrategyRegistry,
+        standalone_trainer.StrategyRegistry,
+        fabric.STRATEGY_REGISTRY,
+        standalone_fabric.STRATEGY_REGISTRY,
+    ]
+    saved = [dict(registry) for registry in registries]
+    yield registries
+    for registry, contents in zip(registries, saved, strict=True):
+        registry.clear()
+        registry.update(contents)
+
+
+@pytest.fixture
 def add_plugin(registry: StrategyRegistry) -> Callable[..., None]:
     """Register a plugin object (anything with hook implementations) as if a distribution shipped it; a bare
     function stands for a plugin whose one hook is that function (named as the hook)."""

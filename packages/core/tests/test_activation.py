@@ -11,27 +11,6 @@ from lightning_strategies import activate, hookimpl
 from lightning_strategies.errors import CapabilityError, StrategyLookupError
 
 
-@pytest.fixture
-def lightning_registries():
-    """Lightning's four registries, restored after the test so names do not leak between tests."""
-    import lightning.fabric.strategies as fabric
-    import lightning.pytorch.strategies as trainer
-    import lightning_fabric.strategies as standalone_fabric
-    import pytorch_lightning.strategies as standalone_trainer
-
-    registries = [
-        trainer.StrategyRegistry,
-        standalone_trainer.StrategyRegistry,
-        fabric.STRATEGY_REGISTRY,
-        standalone_fabric.STRATEGY_REGISTRY,
-    ]
-    saved = [dict(registry) for registry in registries]
-    yield registries
-    for registry, contents in zip(registries, saved, strict=True):
-        registry.clear()
-        registry.update(contents)
-
-
 class DDPPlugin:
     """A plugin registering Lightning's own DDP under new names, so nothing else is needed."""
 

@@ -12,6 +12,7 @@ import torch
 
 from lightning_strategies import checkpoints, hookimpl
 from lightning_strategies.checkpoints import FILE, CheckpointFormat, identify
+from lightning_strategies.hooks import plugins_of
 from lightning_strategies.registry import StrategyRegistry
 
 
@@ -54,7 +55,7 @@ def test_a_plugins_format_is_recognised_only_while_the_plugin_is_registered(
     add_plugin(AcmePlugin(), name="acme")
     assert identify(acme_folder) is ACME
     assert checkpoints.installed_formats() == [ACME] and checkpoints.format_named("acme") is ACME
-    registry.plugin_manager.unregister(name="acme")
+    plugins_of(registry).remove("acme")
     assert identify(acme_folder) is None and checkpoints.format_named("acme") is None
 
 
@@ -91,7 +92,7 @@ def test_a_failing_hook_leaves_the_other_plugins_formats(
     add_plugin(BrokenPlugin(), name="broken")
     add_plugin(AcmePlugin(), name="acme")
     assert identify(acme_folder) is ACME
-    assert "'broken': checkpoint_formats failed" in caplog.text
+    assert "plugin 'broken' (throwaway-dist): checkpoint_formats failed" in caplog.text
 
 
 def test_unknown_paths_are_not_guessed(registry: StrategyRegistry, tmp_path: Path) -> None:

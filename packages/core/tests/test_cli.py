@@ -99,7 +99,7 @@ def test_info_takes_parameter_meanings_from_the_plugins_metadata(add_plugin, cap
 
 
 def test_register_refuses_parameter_meanings_that_are_not_text(registry):
-    from lightning_strategies.registry import PluginRegistrar
+    from lightning_strategies.entries import PluginRegistrar
 
     with pytest.raises(TypeError, match="parameters must map parameter names to their meaning"):
         PluginRegistrar("bad").register("bad", "a.b:C", parameters={"x": 1})

@@ -6,8 +6,8 @@ import textwrap
 
 from conftest import write_distribution
 
-from lightning_strategies.mirror import import_mirrored, mirrored_source
-from lightning_strategies.registry import StrategyEntry
+from lightning_strategies.entries import StrategyEntry, import_target
+from lightning_strategies.mirror import mirrored_source
 
 STRATEGY = {
     "mirror_me.__init__": "",
@@ -56,4 +56,4 @@ def test_a_mirrored_class_builds_on_pytorch_lightning(tmp_path, on_path):
     strategy = standalone()
     assert isinstance(strategy.precision_plugin, pytorch_lightning.plugins.precision.Precision)
     assert strategy.helpers.__name__ == "lightning_strategies._mirror.pytorch_lightning.mirror_me.helpers"
-    assert import_mirrored(entry.target_for("pytorch_lightning")) is standalone
+    assert import_target(entry.target_for("pytorch_lightning")) is standalone

@@ -9,6 +9,7 @@ and name is internal and may change in any release.
 """
 
 from lightning_strategies.activation import activate, watched_modules
+from lightning_strategies.entries import StrategyEntry
 from lightning_strategies.errors import (
     CapabilityError,
     CheckpointError,
@@ -27,7 +28,7 @@ from lightning_strategies.parameters import (
     warn_obsolete_parameter,
 )
 from lightning_strategies.planning import plan
-from lightning_strategies.registry import StrategyEntry, get_registry
+from lightning_strategies.registry import get_registry
 from lightning_strategies.version import __version__
 
 # Modules whose ``__all__`` is supported API besides this package's own; the names are strings so that

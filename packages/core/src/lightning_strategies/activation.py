@@ -18,14 +18,16 @@ from typing import Any
 
 import _lightning_strategies_autoload
 
+from lightning_strategies.entries import TRAINER_NAMESPACES
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
+from lightning_strategies.hooks import plugins_of
 from lightning_strategies.known import (
     LIGHTNING_BUILTIN_ACCELERATORS,
     LIGHTNING_BUILTIN_NAMES,
     PROJECT_PACKAGES,
     providing_distribution,
 )
-from lightning_strategies.registry import TRAINER_NAMESPACES, StrategyRegistry, clash_message, get_registry
+from lightning_strategies.registry import StrategyRegistry, clash_message, get_registry
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,7 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
             guard = _BUILTIN_NAME_GUARDS.get((kind, namespace in TRAINER_NAMESPACES))
             if guard is not None:
                 _lift_builtin_name_guard(module, *guard)
-        plugins = get_registry().plugin_manager
-        if plugins is not None:
-            plugins.hook.lightning_module_imported(module_name=module_name, module=module)
+        plugins_of(get_registry()).lightning_module_imported(module_name, module)
     except Exception:  # activation must never break `import lightning`
         log.exception("lightning-strategies could not activate %s; registered names may not resolve", module_name)
 

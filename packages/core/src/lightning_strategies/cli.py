@@ -12,9 +12,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from lightning_strategies.entries import StrategyEntry, target_text
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
 from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES, lightning_builtin_entry_points
-from lightning_strategies.registry import StrategyEntry, get_registry, target_text
+from lightning_strategies.registry import get_registry
 
 
 def _flavours(entry: StrategyEntry) -> str:

@@ -17,7 +17,9 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from lightning_strategies.backends import installed_version
-from lightning_strategies.registry import StrategyEntry, StrategyRegistry
+from lightning_strategies.entries import StrategyEntry
+from lightning_strategies.hooks import plugins_of
+from lightning_strategies.registry import StrategyRegistry
 
 
 @dataclass
@@ -141,7 +143,9 @@ def backend_findings(registry: StrategyRegistry) -> list[Finding]:
             if not in_range:
                 detail += f"; install a tested version: pip install '{requirement}'"
             findings.append(Finding(f"{distribution}: {requirement.name}", in_range, detail))
-    if registry.plugin_manager is not None:
-        for checks in registry.plugin_manager.hook.environment_checks():
-            findings.extend(Finding(what, ok, detail) for what, ok, detail in checks or [])
+    checks = plugins_of(registry).environment_checks()
+    for answer in checks.answers:
+        findings.extend(Finding(what, ok, detail) for what, ok, detail in answer)
+    for failure in checks.failures:
+        findings.append(Finding(f"plugin {failure.plugin!r}", False, f"{failure.reason}; {failure.what_to_do}"))
     return findings

@@ -1,7 +1,15 @@
 """The hooks a strategy plugin implements: the whole contract between core and a plugin.
 
-Implementations may accept fewer arguments than a spec names (pluggy passes only those they
+Implementations may accept fewer arguments than a spec names (core passes only those they
 ask for), so a spec can gain arguments without breaking published plugins.
+
+Core calls each plugin's implementation of a hook on its own, in pluggy's order: the plugin loaded
+last first, unless ``tryfirst`` or ``trylast`` moves it. An implementation that raises, or returns
+something its hook does not, is skipped for that call: the command that asked (`list`, `doctor`,
+`plan`) names the plugin with its error, the error is logged once as a warning, and every other
+plugin's answer is used. A plugin whose ``register_strategies`` raises registers no names; its other
+hooks are still asked. Since no implementation runs inside another's, a wrapper (``wrapper=True`` or
+``hookwrapper=True``) has nothing to wrap and makes the plugin invalid.
 """
 
 from __future__ import annotations
@@ -13,8 +21,8 @@ import pluggy
 
 if TYPE_CHECKING:
     from lightning_strategies.checkpoints.formats import CheckpointFormat
+    from lightning_strategies.entries import PluginRegistrar
     from lightning_strategies.planning import Candidate, Machine, Workload
-    from lightning_strategies.registry import PluginRegistrar
 
 PROJECT_NAME = "lightning_strategies"
 

@@ -23,20 +23,12 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from lightning_strategies.registry import import_target
-
 PREFIX = "lightning_strategies._mirror"
 FLAVOURS = ("pytorch_lightning", "lightning_fabric")
 _REWRITES = (
     (re.compile(r"\blightning\.pytorch\b"), "pytorch_lightning"),
     (re.compile(r"\blightning\.fabric\b"), "lightning_fabric"),
 )
-
-
-def import_mirrored(target: str) -> Any:
-    """Import ``lightning_strategies._mirror.<flavour>.pkg.mod:Class``."""
-    install()
-    return import_target(target)
 
 
 def mirrored_source(source: str, flavour: str, top_package: str) -> str:

@@ -17,6 +17,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from lightning_strategies.hooks import plugins_of
+from lightning_strategies.registry import get_registry
+
 # What a strategy package's memory model may use (the rest is core's own arithmetic and ranking).
 __all__ = [
     "CHOICE_MARGIN",
@@ -372,8 +375,6 @@ class Candidate:
 
     def strategy_object(self, namespace: str = "lightning.pytorch", **overrides: Any) -> Any:
         """The strategy instance, ready for ``Trainer(strategy=...)`` (or Fabric, with that namespace)."""
-        from lightning_strategies.registry import get_registry
-
         return get_registry().resolve(self.strategy, namespace=namespace, **{**self.settings, **overrides})
 
 
@@ -596,8 +597,6 @@ def plan(
 
 def plan_for(workload: Workload, machine: Machine, registry: Any = None) -> Plan:
     if registry is None:
-        from lightning_strategies.registry import get_registry
-
         registry = get_registry()
     problems: list[str] = []
 
@@ -611,16 +610,6 @@ def plan_for(workload: Workload, machine: Machine, registry: Any = None) -> Plan
 
 def collect_candidates(registry: Any, workload: Workload, machine: Machine, problems: list[str]) -> list[Candidate]:
     """Every plugin's answer, keeping only names the registry can resolve (not clashing, not disabled)."""
-    manager = registry.plugin_manager
-    if manager is None:
-        return []
-    collected: list[Candidate] = []
-    for implementation in manager.hook.memory_plan_candidates.get_hookimpls():
-        available = {"workload": workload, "machine": machine}
-        try:
-            answer = implementation.function(**{name: available[name] for name in implementation.argnames})
-        except Exception as error:  # one package's model failing must not hide the others' answers
-            problems.append(f"plugin {implementation.plugin_name!r}: memory_plan_candidates failed: {error!r}")
-            continue
-        collected.extend(c for c in answer or [] if c.strategy in registry)
-    return collected
+    asked = plugins_of(registry).memory_plan_candidates(workload, machine)
+    problems.extend(str(failure) for failure in asked.failures)
+    return [c for answer in asked.answers for c in answer if c.strategy in registry]

@@ -1,7 +1,8 @@
-"""Discovery: load every installed distribution's ``lightning_strategies`` entry point.
+"""Discovery: load every installed distribution's ``lightning_strategies`` entry point into a registry.
 
-A plugin that cannot be imported, or whose hook raises, is recorded with its reason and skipped;
-every other plugin keeps working. Only installed distributions' entry points are loaded.
+A plugin that cannot be imported, whose hooks do not match the specs, or whose ``register_strategies``
+raises is recorded with its reason (shown by `list` and `doctor`) and registers no names; every other
+plugin keeps working. Only installed distributions' entry points are loaded.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ import difflib
 import logging
 import os
 import re
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pluggy
+from lightning_strategies.entries import PluginRegistrar
+from lightning_strategies.hooks import plugins_of
 
-from lightning_strategies import hookspecs
-from lightning_strategies.registry import PluginProblem, PluginRegistrar, StrategyRegistry
+if TYPE_CHECKING:
+    from lightning_strategies.registry import StrategyRegistry
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +38,14 @@ def _normalized(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
-def new_plugin_manager() -> pluggy.PluginManager:
-    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-    manager.add_hookspecs(hookspecs)
-    return manager
+@dataclass(frozen=True)
+class PluginProblem:
+    """A plugin (or one of its names) that was skipped, with the reason shown by `list`."""
+
+    plugin: str
+    distribution: str | None
+    reason: str
+    names: tuple[str, ...] = ()
 
 
 def load_installed_plugins(registry: StrategyRegistry) -> None:
@@ -90,25 +97,17 @@ def register_plugin(
     version: str | None = None,
 ) -> None:
     """Validate ``plugin``'s hooks against the specs and add the names it registers."""
-    manager = registry.plugin_manager = registry.plugin_manager or new_plugin_manager()
+    plugins = plugins_of(registry)
     try:
-        manager.register(plugin, name=name)
-        manager.check_pending()
+        plugins.add(plugin, name, distribution)
     except Exception as error:
-        if manager.get_plugin(name) is not None:
-            manager.unregister(name=name)
         _record_failure(registry, name, distribution, f"invalid plugin: {error}")
         return
     registrar = PluginRegistrar(name, distribution, version)
-    for implementation in manager.hook.register_strategies.get_hookimpls():
-        if implementation.plugin_name != name:
-            continue
-        available = {"registry": registrar}
-        try:
-            implementation.function(**{arg: available[arg] for arg in implementation.argnames})
-        except Exception as error:
-            _record_failure(registry, name, distribution, f"register_strategies failed: {error!r}")
-            return
+    asked = plugins.register_strategies(name, registrar)
+    if asked.failures:  # logged already, where the hook was called
+        registry.problems.append(PluginProblem(name, distribution, asked.failures[0].reason))
+        return
     for entry in registrar.entries:
         registry.add(entry)
     registry.loaded_plugins.append(name)

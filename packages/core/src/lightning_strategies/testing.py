@@ -105,6 +105,7 @@ def checkpoint_layouts_described(*formats: CheckpointFormat, plugin: str = "layo
     A package's tests run where only that package is installed, so another package's layout is unknown there;
     this stands in for that package, to test how a strategy refuses a checkpoint it cannot read.
     """
+    from lightning_strategies.hooks import plugins_of
     from lightning_strategies.plugins import register_plugin
     from lightning_strategies.registry import get_registry
 
@@ -118,7 +119,7 @@ def checkpoint_layouts_described(*formats: CheckpointFormat, plugin: str = "layo
     try:
         yield
     finally:
-        registry.plugin_manager.unregister(name=plugin)
+        plugins_of(registry).remove(plugin)
         registry.loaded_plugins.remove(plugin)
 
 

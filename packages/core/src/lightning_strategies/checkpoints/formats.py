@@ -13,15 +13,14 @@ itself: a single ``torch.save`` file, which is Lightning's own and which every s
 
 from __future__ import annotations
 
-import logging
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightning_strategies.errors import CheckpointError
-
-log = logging.getLogger(__name__)
+from lightning_strategies.hooks import plugins_of
+from lightning_strategies.registry import get_registry
 
 
 @dataclass(frozen=True)
@@ -63,23 +62,12 @@ def installed_formats() -> list[CheckpointFormat]:
     """The layouts the installed strategy packages describe (``checkpoint_formats`` hook), in pluggy's call
     order (the plugin registered last first), one per key.
 
-    A plugin whose hook fails is left out with a log line: one broken package must not hide the others'
-    layouts from an error message.
+    A plugin whose hook fails is left out, with a log line (``hooks``): one broken package must not hide the
+    others' layouts from an error message.
     """
-    from lightning_strategies.registry import get_registry
-
-    manager = get_registry().plugin_manager
-    if manager is None:
-        return []
     formats: dict[str, CheckpointFormat] = {}
-    for implementation in reversed(manager.hook.checkpoint_formats.get_hookimpls()):
-        try:
-            described = implementation.function()
-        except Exception as error:
-            plugin = implementation.plugin_name
-            log.warning("lightning-strategies: plugin %r: checkpoint_formats failed: %r", plugin, error)
-            continue
-        for checkpoint_format in described or ():
+    for described in plugins_of(get_registry()).checkpoint_formats().answers:
+        for checkpoint_format in described:
             formats.setdefault(checkpoint_format.key, checkpoint_format)
     return list(formats.values())
 

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_strategies.registry import import_target
+from lightning_strategies.entries import import_target
 
 FEATURES = 16
 SAMPLES = 64

@@ -24,7 +24,8 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning_strategies.conformance.model import SAMPLES, ConformanceModel, loader
 from lightning_strategies.conformance.tolerances import tolerance_for
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
-from lightning_strategies.registry import StrategyEntry, get_registry
+from lightning_strategies.entries import StrategyEntry
+from lightning_strategies.registry import get_registry
 
 
 @dataclass
