@@ -5,7 +5,8 @@
 # PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S (420;
 # side by side the slowest package took 304 s), so one hang cannot eat the whole call. A pytest -k
 # expression after a colon runs part of a package's tier, `deepspeed=200:resume or nodes`, to re-check
-# a fix without paying for the rest. A test gets TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU
+# a fix without paying for the rest; a package may be named twice with two selections, to run its halves side by
+# side. A test gets TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU
 # image) and fails with its traceback instead of silencing the tests after it. Logs and a summary go to
 # $OUT as they are written, so a killed call still returns them.
 #
@@ -26,8 +27,16 @@ packages=("$@")
 [ ${#packages[@]} -gt 0 ] || packages=(fsdp colossalai-gemini deepspeed)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/summary.txt"
 
-run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/PACKAGE.log and a summary line
-  local item=$1 select="" package limit start code counts
+log_name() {  # ITEM -> the log's file name: the package, and the selection where there is one
+  local item=$1 select=""
+  if [[ $item == *:* ]]; then select=${item#*:}; fi
+  item=${item%%[=:]*}
+  echo "$item${select:+-$(printf '%s' "$select" | tr -c 'A-Za-z0-9_' '_')}"
+}
+
+run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/<log_name>.log and a summary line
+  local item=$1 select="" package limit start code counts log
+  log="$out/$(log_name "$1").log"
   if [[ $item == *:* ]]; then select=${item#*:}; item=${item%%:*}; fi
   package=${item%%=*}
   limit=${item#*=}
@@ -35,10 +44,10 @@ run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/PACKAGE.log and a
   start=$(date +%s)
   # SIGINT, not TERM: pytest then prints the failures it has seen, which a cut call would lose.
   timeout -s INT -k 30 "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
-    --timeout="${TIER_TEST_TIMEOUT_S:-240}" -p no:cacheprovider ${select:+-k "$select"} >"$out/$package.log" 2>&1
+    --timeout="${TIER_TEST_TIMEOUT_S:-240}" -p no:cacheprovider ${select:+-k "$select"} >"$log" 2>&1
   code=$?
-  counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$out/$package.log" | tail -1)
-  echo "$package: exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" >>"$out/summary.txt"
+  counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$log" | tail -1)
+  echo "$(log_name "$1"): exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" >>"$out/summary.txt"
   return "$code"
 }
 
@@ -56,9 +65,8 @@ for item in "${packages[@]}"; do
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 for item in "${packages[@]}"; do
-  package=${item%%[=:]*}
-  echo "===== $package"
-  cat "$out/$package.log"
+  echo "===== $(log_name "$item")"
+  cat "$out/$(log_name "$item").log"
 done
 echo "tier: whole command in $(( $(date +%s) - tier_start )) s, the wheelhouse install included" | tee -a "$out/summary.txt"
 pack_kernel_cache "$out"

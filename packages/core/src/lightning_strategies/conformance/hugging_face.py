@@ -33,6 +33,7 @@ __all__ = [
     "MODES",
     "Case",
     "HuggingFaceModule",
+    "SeedExampleModule",
     "check_results",
     "data",
     "eager_model",
@@ -44,6 +45,9 @@ __all__ = [
 ]
 
 VOCABULARY = 128
+# What the BERT classifier must reach on held-out sequences after its steps (chance: 0.5; transformers alone on one
+# CPU process reaches 1.0 within 20 steps).
+CLASSIFIER_ACCURACY = 0.8
 LENGTH = 16
 # The causal families and the config class each is built from; BERT is the sequence classifier of the ColossalAI
 # strategy's seed example, loaded from a pre-training checkpoint as bert-base-uncased is.
@@ -138,11 +142,14 @@ def data(family: str, count: int, seed: int) -> TensorDataset:
 class HuggingFaceModule(LightningModule):
     """A ``transformers`` model built in ``configure_model`` as the case says, trained with AdamW."""
 
-    def __init__(self, case: Case, pretrained: str | None, learning_rate: float = 1e-3) -> None:
+    def __init__(
+        self, case: Case, pretrained: str | None, learning_rate: float = 1e-3, optimizer: str = "adamw"
+    ) -> None:
         super().__init__()
         self.case = case
         self.pretrained = pretrained
         self.learning_rate = learning_rate
+        self.optimizer_name = optimizer
         self.model: Any = None
         self.losses: list[float] = []
 
@@ -199,6 +206,10 @@ class HuggingFaceModule(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
+        if self.optimizer_name == "hybrid":  # the one optimizer family Gemini steps
+            from colossalai.nn.optimizer import HybridAdam
+
+            return HybridAdam(trainable, lr=self.learning_rate)
         return torch.optim.AdamW(trainable, lr=self.learning_rate)
 
     def train_dataloader(self) -> DataLoader:
@@ -213,14 +224,28 @@ class HuggingFaceModule(LightningModule):
         return DataLoader(data(self.case.family, 16, seed=1), batch_size=16)  # every rank the same batch
 
 
-def run(case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path) -> dict[str, Any]:
+class SeedExampleModule(HuggingFaceModule):
+    """The ColossalAI strategy's API page as written: the model built in ``configure_sharded_model``, the hook
+    Lightning 2.6 still calls before ``configure_model`` (which then finds the model built)."""
+
+    def configure_sharded_model(self) -> None:
+        HuggingFaceModule.configure_model(self)
+
+
+def run(
+    case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path, hook: str
+) -> dict[str, Any]:
     """Predict, fit, predict again, save and export one case; what rank 0 saw."""
     from lightning_strategies import hugging_face
 
     seed_everything(0, verbose=False)
     pretrained = str(folder / "pretrained" / case.family) if case.mode != "config" else None
+    module_class = SeedExampleModule if hook == "configure_sharded_model" else HuggingFaceModule
     # Adapters of rank 8 on a few projections move the model slowly: they get the larger step LoRA recipes use.
-    module = HuggingFaceModule(case, pretrained, learning_rate=1e-2 if case.mode == "lora" else 1e-3)
+    module = module_class(
+        case, pretrained, learning_rate=1e-2 if case.mode == "lora" else 1e-3,
+        optimizer="hybrid" if strategy.startswith("colossalai") else "adamw",
+    )  # fmt: skip
     trainer = Trainer(
         strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
         use_distributed_sampler=False, default_root_dir=folder / case.name, **QUIET_TRAINER,
@@ -243,7 +268,16 @@ def run(case: Case, strategy: str, accelerator: str, devices: int, precision: An
     return result
 
 
-def launch(strategy: str, folder: Path, cases: list[Case], **options: Any) -> Path:
+def launch(
+    strategy: str,
+    folder: Path,
+    cases: list[Case],
+    accelerator: str = "cpu",
+    devices: int = 2,
+    precision: str = "32-true",
+    hook: str = "configure_model",
+    **options: Any,
+) -> Path:
     """Write the pretrained checkpoints ``cases`` need into ``folder``, then run every case in one launch of this
     module (whose Trainer starts the other ranks); ``options`` go to ``testing.run_script`` (``env``, ``unset``).
     Returns ``folder``, for ``check_results``."""
@@ -251,8 +285,11 @@ def launch(strategy: str, folder: Path, cases: list[Case], **options: Any) -> Pa
 
     for family in sorted({case.family for case in cases if case.mode != "config"}):
         write_pretrained(folder / "pretrained", family)
-    names = ",".join(case.name for case in cases)
-    run_script("-m", __name__, "--strategy", strategy, "--folder", folder, "--cases", names, timeout=1200, **options)
+    run_script(
+        "-m", __name__, "--strategy", strategy, "--folder", folder, "--cases", ",".join(case.name for case in cases),
+        "--accelerator", accelerator, "--devices", str(devices), "--precision", precision, "--hook", hook,
+        timeout=1200, **options,
+    )  # fmt: skip
     return folder
 
 
@@ -264,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--cases", required=True, help="family-mode names, comma separated (llama-pretrained,...)")
     parser.add_argument("--folder", required=True, help="holds pretrained/<family>; each case writes <case>/ here")
+    parser.add_argument("--hook", choices=("configure_model", "configure_sharded_model"), default="configure_model")
     arguments = parser.parse_args(argv)
     folder = Path(arguments.folder)
     results: list[dict[str, Any]] = []
@@ -272,7 +310,15 @@ def main(argv: list[str] | None = None) -> int:
         case = Case(family, mode)
         try:
             results.append(
-                run(case, arguments.strategy, arguments.accelerator, arguments.devices, arguments.precision, folder)
+                run(
+                    case,
+                    arguments.strategy,
+                    arguments.accelerator,
+                    arguments.devices,
+                    arguments.precision,
+                    folder,
+                    arguments.hook,
+                )
             )
         except Exception as error:
             # The other ranks wait in a collective of this case: the run ends here (the strategy's failure
@@ -366,6 +412,11 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4) -> dict[s
                 problems.append(f"predictions before training differ from transformers' by {difference:.2e}")
         if not min(losses[-4:]) < losses[0] - 0.1:
             problems.append(f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}")
+        if case.family == "bert":  # the classifier answers held-out sequences, where chance is one in two
+            labels = data("bert", 16, seed=1).tensors[1]
+            accuracy = (logits["after"].argmax(-1) == labels).float().mean().item()
+            if accuracy < CLASSIFIER_ACCURACY:
+                problems.append(f"classifier accuracy {accuracy:.2f} after training, below {CLASSIFIER_ACCURACY}")
         if case.mode == "lora" and result["trained_beside_adapters"]:
             problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
         exported_folder = folder / case.name / "last-exported"

@@ -1,0 +1,34 @@
+"""GPU tier: Hugging Face transformers models through the ZeRO names on one GPU: the seed's BERT classifier from a
+pre-training checkpoint, decoders from a config and from a checkpoint, and a LoRA adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EXTRA, UNSET
+
+from lightning_strategies.conformance import hugging_face as conformance
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+NAMES = ["deepspeed_stage_3", "deepspeed_stage_3_offload", "deepspeed_stage_2"]
+CASES = [conformance.Case("bert", "pretrained"), conformance.Case("llama", "config"),
+         conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora")]  # fmt: skip
+ATOL = 3e-2  # bf16 mixed precision against plain transformers in fp32
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    return conformance.launch(
+        request.param, folder, CASES, accelerator="cuda", devices=1, precision="bf16-mixed", env=EXTRA, unset=UNSET
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_case(trained: Path, case: conformance.Case) -> None:
+    assert conformance.check_results(trained, [case], atol=ATOL)[case.name] == []

@@ -1,0 +1,31 @@
+"""GPU tier: Hugging Face transformers models through fsdp and fsdp_cpu_offload on one GPU: the seed's BERT
+classifier from a pre-training checkpoint, decoders from a config and from a checkpoint, and a LoRA adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_strategies.conformance import hugging_face as conformance
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+NAMES = ["fsdp", "fsdp_cpu_offload"]
+CASES = [conformance.Case("bert", "pretrained"), conformance.Case("llama", "config"),
+         conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora")]  # fmt: skip
+ATOL = 3e-2  # bf16 mixed precision against plain transformers in fp32
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    return conformance.launch(request.param, folder, CASES, accelerator="cuda", devices=1, precision="bf16-mixed")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_case(trained: Path, case: conformance.Case) -> None:
+    assert conformance.check_results(trained, [case], atol=ATOL)[case.name] == []

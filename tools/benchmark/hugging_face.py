@@ -1,0 +1,260 @@
+"""A Hugging Face Llama through a strategy name: seconds from ``trainer.fit`` to the first step, tokens/s, MFU at
+the dense peak, GPU and host peaks. The model is built in ``configure_model`` as users write it, from its config or
+with ``from_pretrained`` from a local folder (``--write-pretrained`` makes one of random weights first).
+
+    python -m tools.benchmark.hugging_face --size 8b --strategy fsdp --devices 4 --out results.jsonl
+    python -m tools.benchmark.hugging_face --size 8b --strategy lightning:fsdp ...      # Lightning's built-in
+    python -m tools.benchmark.hugging_face --size 8b --write-pretrained /tmp/llama-8b  # then --pretrained it
+
+Rank 0 appends one JSON record to ``--out`` with the device, versions, date and commit (``BENCHMARK_COMMIT`` where
+the checkout has no git).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader, Dataset
+
+# Llama 3 shapes (https://huggingface.co/meta-llama): width, MLP width, layers, heads, key-value heads, tied embeddings.
+SIZES = {
+    "tiny": (64, 128, 2, 4, 2, False),
+    "1b": (2048, 8192, 16, 32, 8, True),
+    "8b": (4096, 14336, 32, 32, 8, False),
+}
+VOCABULARY = {"tiny": 128, "1b": 128256, "8b": 128256}
+BUILTINS = ("lightning:fsdp", "lightning:deepspeed_stage_3")
+
+
+def llama_config(size: str) -> Any:
+    import transformers
+
+    width, mlp, layers, heads, kv_heads, tied = SIZES[size]
+    return transformers.LlamaConfig(
+        vocab_size=VOCABULARY[size], hidden_size=width, intermediate_size=mlp, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
+        max_position_embeddings=8192, rope_theta=500000.0, attn_implementation="sdpa",
+    )  # fmt: skip
+
+
+def flops_per_token(size: str, length: int) -> tuple[int, int]:
+    """(parameters, training FLOPs per token): 6 per matmul parameter, plus attention's 12 x layers x width x
+    length (as PaLM's appendix counts it)."""
+    width, mlp, layers, heads, kv_heads, tied = SIZES[size]
+    head = width // heads
+    block = width * (heads * head) + 2 * width * (kv_heads * head) + (heads * head) * width + 3 * width * mlp
+    embeddings = VOCABULARY[size] * width * (1 if tied else 2)
+    parameters = layers * (block + 2 * width) + embeddings + width
+    matmul = layers * block + VOCABULARY[size] * width  # the output projection is a matmul, the embedding lookup not
+    return parameters, 6 * matmul + 12 * layers * width * length
+
+
+class Tokens(Dataset):
+    def __init__(self, size: str, length: int, count: int) -> None:
+        self.size, self.length, self.count = size, length, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.randint(0, VOCABULARY[self.size], (self.length,), generator=torch.Generator().manual_seed(index))
+
+
+class Llama(LightningModule):
+    def __init__(self, size: str, pretrained: str | None, optimizer: str, batch: int, length: int, steps: int) -> None:
+        super().__init__()
+        self.size, self.pretrained, self.optimizer_name = size, pretrained, optimizer
+        self.batch, self.length, self.steps = batch, length, steps
+        self.model: Any = None
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        import transformers
+
+        if self.pretrained:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(self.pretrained, dtype=torch.float32)
+        else:
+            self.model = transformers.AutoModelForCausalLM.from_config(llama_config(self.size), dtype=torch.float32)
+
+    def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
+        return self.model(input_ids=batch, labels=batch).loss
+
+    def configure_optimizers(self) -> Any:
+        if self.optimizer_name == "hybrid":
+            from colossalai.nn.optimizer import HybridAdam
+
+            return HybridAdam(self.parameters(), lr=1e-5)
+        return torch.optim.AdamW(self.parameters(), lr=1e-5, fused=self.device.type == "cuda")
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Tokens(self.size, self.length, self.batch * self.steps * 8), batch_size=self.batch)
+
+
+class Timeline(Callback):
+    """When the first step starts, each step's end (GPU synchronised), and every step's loss."""
+
+    def __init__(self, fit_called: float) -> None:
+        self.fit_called = fit_called
+        self.first_step: float | None = None
+        self.step_ends: list[float] = []
+        self.losses: list[float] = []
+
+    def on_train_batch_start(self, trainer: Trainer, module: LightningModule, batch: Any, batch_index: int) -> None:
+        if self.first_step is None:
+            self.first_step = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs: Any, batch: Any, index: int) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.step_ends.append(time.perf_counter())
+        self.losses.append(float(outputs["loss"]))
+
+
+class MachineMemory(threading.Thread):
+    """The machine's used memory (MemTotal - MemAvailable), sampled every 0.2 s: what all ranks hold together."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.baseline = self.used()
+        self.peak = self.baseline
+        self.running = True
+
+    @staticmethod
+    def used() -> int:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return (int(fields["MemTotal"].split()[0]) - int(fields["MemAvailable"].split()[0])) * 1024
+
+    def run(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, self.used())
+            time.sleep(0.2)
+
+
+def strategy_for(name: str) -> Any:
+    if name == "lightning:fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        return FSDPStrategy(auto_wrap_policy={LlamaDecoderLayer}, sharding_strategy="FULL_SHARD")
+    if name == "lightning:deepspeed_stage_3":
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(stage=3)
+    return name
+
+
+def write_pretrained(size: str, folder: Path) -> None:
+    """A Hugging Face folder of the size's shape with random bf16 weights (std 0.02), shard by shard from the GPU."""
+    import transformers
+    from safetensors.torch import save_file
+
+    config = llama_config(size)
+    with torch.device("meta"):
+        skeleton = transformers.AutoModelForCausalLM.from_config(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight_map: dict[str, str] = {}
+    shard: dict[str, torch.Tensor] = {}
+    shard_bytes, index = 0, 0
+    names = [name for name in skeleton.state_dict() if name not in (skeleton.all_tied_weights_keys or {})]
+    for name in [*names, None]:
+        if name is None or shard_bytes > 4 * 2**30:
+            file = f"model-{index:05d}.safetensors"
+            save_file(shard, str(folder / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, file))
+            shard, shard_bytes, index = {}, 0, index + 1
+        if name is None:
+            break
+        tensor = skeleton.state_dict()[name]
+        value = torch.randn(tensor.shape, device=device, dtype=torch.bfloat16) * 0.02
+        if name.endswith("norm.weight"):
+            value = torch.ones(tensor.shape, device=device, dtype=torch.bfloat16)
+        shard[name] = value.cpu()
+        shard_bytes += shard[name].numel() * 2
+    total = sum(int(value.numel()) * 2 for value in skeleton.state_dict().values())
+    index_file = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=1))
+    config.dtype = torch.bfloat16
+    config.save_pretrained(folder)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.benchmark.hugging_face")
+    parser.add_argument("--size", choices=sorted(SIZES), default="8b")
+    parser.add_argument("--strategy", default="fsdp", help=f"a strategy name, or {' / '.join(BUILTINS)}")
+    parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--accelerator", default="cuda")
+    parser.add_argument("--precision", default="bf16-mixed")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per device and step")
+    parser.add_argument("--length", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--pretrained", help="a folder to load with from_pretrained (default: build from the config)")
+    parser.add_argument("--write-pretrained", help="write a folder of random weights of --size there, and stop")
+    parser.add_argument("--out", default="hugging_face.jsonl")
+    arguments = parser.parse_args(argv)
+    if arguments.write_pretrained:
+        started = time.perf_counter()
+        write_pretrained(arguments.size, Path(arguments.write_pretrained))
+        print(f"wrote {arguments.write_pretrained} in {time.perf_counter() - started:.1f} s")
+        return
+
+    memory = MachineMemory()
+    memory.start()
+    optimizer = "hybrid" if arguments.strategy.startswith("colossalai") else "adamw"
+    module = Llama(arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps)
+    trainer = Trainer(
+        strategy=strategy_for(arguments.strategy), accelerator=arguments.accelerator, devices=arguments.devices,
+        precision=arguments.precision, max_steps=arguments.steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
+    )  # fmt: skip
+    fit_called = time.perf_counter()
+    timeline = Timeline(fit_called)
+    trainer.callbacks.append(timeline)
+    trainer.fit(module)
+    memory.running = False
+    record(arguments, trainer, timeline, memory)
+
+
+def record(arguments: argparse.Namespace, trainer: Trainer, timeline: Timeline, memory: MachineMemory) -> None:
+    from tools.benchmark import environment, measure
+
+    device = trainer.strategy.root_device
+    peaks = measure.memory_peaks(device)
+    if not trainer.is_global_zero:
+        return
+    parameters, flops = flops_per_token(arguments.size, arguments.length)
+    timed = timeline.step_ends[2:]  # the first steps warm up kernels and allocators
+    seconds = (timed[-1] - timed[0]) / (len(timed) - 1) if len(timed) > 1 else None
+    tokens = arguments.batch * arguments.length * trainer.world_size
+    peak = measure.peak_bf16_flops(measure.device_name(device)) if device.type == "cuda" else None
+    throughput = tokens / seconds if seconds else None
+    facts = environment.collect()
+    facts["git_commit"] = facts.get("git_commit") or os.environ.get("BENCHMARK_COMMIT")
+    result = {
+        "strategy": arguments.strategy, "size": arguments.size, "parameters": parameters, "devices": trainer.world_size,
+        "source": "from_pretrained" if arguments.pretrained else "from_config", "precision": arguments.precision,
+        "tokens_per_step": tokens, "setup_seconds": round((timeline.first_step or 0) - timeline.fit_called, 1),
+        "tokens_per_second": round(throughput) if throughput else None,
+        "mfu": round(throughput * flops / trainer.world_size / peak, 4) if throughput and peak else None,
+        "first_loss": timeline.losses[0] if timeline.losses else None, "last_loss": timeline.losses[-1] if timeline.losses else None,
+        "peak_gpu_reserved_gib": round(peaks["peak_gpu_reserved_bytes"] / 2**30, 1) if peaks["peak_gpu_reserved_bytes"] else None,
+        "peak_rank_rss_gib": round(peaks["peak_host_rss_bytes"] / 2**30, 1),
+        "machine_memory_rise_gib": round((memory.peak - memory.baseline) / 2**30, 1),
+        **facts,
+    }  # fmt: skip
+    with open(arguments.out, "a") as out:
+        out.write(json.dumps(result) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
