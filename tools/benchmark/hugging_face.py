@@ -112,7 +112,9 @@ class Timeline(Callback):
         if self.first_step is None:
             self.first_step = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: Trainer, module: LightningModule, outputs: Any, batch: Any, index: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, module: LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.step_ends.append(time.perf_counter())
@@ -245,8 +247,9 @@ def record(arguments: argparse.Namespace, trainer: Trainer, timeline: Timeline, 
         "tokens_per_step": tokens, "setup_seconds": round((timeline.first_step or 0) - timeline.fit_called, 1),
         "tokens_per_second": round(throughput) if throughput else None,
         "mfu": round(throughput * flops / trainer.world_size / peak, 4) if throughput and peak else None,
-        "first_loss": timeline.losses[0] if timeline.losses else None, "last_loss": timeline.losses[-1] if timeline.losses else None,
-        "peak_gpu_reserved_gib": round(peaks["peak_gpu_reserved_bytes"] / 2**30, 1) if peaks["peak_gpu_reserved_bytes"] else None,
+        "first_loss": timeline.losses[0] if timeline.losses else None,
+        "last_loss": timeline.losses[-1] if timeline.losses else None,
+        "peak_gpu_reserved_gib": round((peaks["peak_gpu_reserved_bytes"] or 0) / 2**30, 1),
         "peak_rank_rss_gib": round(peaks["peak_host_rss_bytes"] / 2**30, 1),
         "machine_memory_rise_gib": round((memory.peak - memory.baseline) / 2**30, 1),
         **facts,

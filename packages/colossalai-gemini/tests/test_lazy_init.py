@@ -81,9 +81,12 @@ def test_from_pretrained_weights_are_read_as_parameters_materialise(family: str,
     loaded = model.state_dict()
     new_head = {name for name in reference if family == "bert" and name.startswith("classifier.")}
     assert [name for name in reference if name not in new_head and not torch.equal(loaded[name], reference[name])] == []
-    assert conformance.initialisation_problems(
-        {name: loaded[name] for name in new_head}, {name: reference[name] for name in new_head}
-    ) == []
+    assert (
+        conformance.initialisation_problems(
+            {name: loaded[name] for name in new_head}, {name: reference[name] for name in new_head}
+        )
+        == []
+    )
 
 
 def test_transformers_imported_inside_configure_model_builds() -> None:
