@@ -20,8 +20,8 @@ CASES = [
     conformance.Case("llama", "config"),
     conformance.Case("qwen3", "pretrained"),
 ]
-# Mixed precision against plain transformers in fp32.
-ATOL = 3e-2
+ATOL = 3e-2  # fp16 mixed precision against plain transformers in fp32
+RTOL = 2**-10  # Gemini makes its fp32 master weights from fp16 copies: loaded weights come back rounded
 
 
 @pytest.fixture(scope="module", params=["colossalai", "colossalai_cuda", "colossalai_cpu", "colossalai_auto"])
@@ -35,4 +35,4 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_case(trained: Path, case: conformance.Case) -> None:
-    assert conformance.check_results(trained, [case], atol=ATOL)[case.name] == []
+    assert conformance.check_results(trained, [case], atol=ATOL, rtol=RTOL)[case.name] == []

@@ -19,6 +19,7 @@ NAMES = ["deepspeed_stage_3", "deepspeed_stage_3_offload", "deepspeed_stage_2"]
 CASES = [conformance.Case("bert", "pretrained"), conformance.Case("llama", "config"),
          conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora")]  # fmt: skip
 ATOL = 3e-2  # bf16 mixed precision against plain transformers in fp32
+RTOL = 2**-8  # DeepSpeed's bf16 mode makes its fp32 master weights from bf16 copies: loaded weights come back rounded
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -31,4 +32,4 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_case(trained: Path, case: conformance.Case) -> None:
-    assert conformance.check_results(trained, [case], atol=ATOL)[case.name] == []
+    assert conformance.check_results(trained, [case], atol=ATOL, rtol=RTOL)[case.name] == []

@@ -278,7 +278,8 @@ class DeepSpeedBody(LightningAttributesMixin):
         """The ``transformers`` models built partitioned get Hugging Face's initialisation and their pretrained
         weights, before the engine takes them (``partitioned_models``)."""
         if self.zero_stage_3:
-            finish_partitioned_models(module, import_deepspeed(self.root_device.type), self.global_rank)
+            deepspeed = import_deepspeed(self.root_device.type)
+            finish_partitioned_models(module, deepspeed, self.global_rank, self.root_device)
 
     def _partitioned_init(self: _ParallelStrategy, config: dict[str, Any]) -> Any:
         """ZeRO-3's context in which parameters are created partitioned across the ranks."""

@@ -25,9 +25,10 @@ GATHER_ELEMENTS = 2**28
 _finished: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
-def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int) -> None:
+def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int, device: torch.device) -> None:
     """Initialise the ``transformers`` models of ``root`` that were built partitioned, as Hugging Face would have,
-    then read the pretrained weights of those built by ``from_pretrained``."""
+    then read the pretrained weights of those built by ``from_pretrained``; buffers go to ``device``."""
+    _buffers_to(root, device)
     for model in hugging_face_models(root):
         if _built_partitioned(model):
             _initialize(model)
@@ -46,6 +47,17 @@ def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int) -> Non
                 for _, tensor, weights, original in group:
                     if rank == 0 or not hasattr(tensor, "ds_id"):  # buffers are not partitioned: every rank
                         tensor.copy_(weights.read(original))
+
+
+def _buffers_to(root: nn.Module, device: torch.device) -> None:
+    """zero.Init creates floating-point tensors on the device, others (BERT's token_type_ids) where torch puts them,
+    and the engine moves nothing of a model built partitioned: each buffer goes where the model computes."""
+    if not any(hasattr(parameter, "ds_id") for parameter in root.parameters()):
+        return
+    for module in root.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.device != device:
+                module._buffers[name] = buffer.to(device)
 
 
 def _built_partitioned(module: nn.Module) -> bool:

@@ -156,7 +156,9 @@ def shard_model(
     if options.forward_prefetch:
         for current, following in itertools.pairwise(sharded):
             current.set_modules_to_forward_prefetch([following])
-    materialize(module, device, options.param_init_fn)
+    # Offloaded shards live in host memory from the start: FSDP2 refuses them anywhere else.
+    offloaded = isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
+    materialize(module, torch.device("cpu") if offloaded else device, options.param_init_fn)
     return module
 
 
