@@ -41,7 +41,11 @@ def gathered_model_state(gemini_model: Any, rank_zero_only: bool, is_global_zero
         state = gemini_model.state_dict(only_rank_0=rank_zero_only)
     if rank_zero_only and not is_global_zero:
         return {}
-    return {key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in state.items()}
+    # Plain tensors: buffers come back as ColossalAI's ColoTensor, which loading with weights_only=True refuses.
+    return {
+        key: value.detach().cpu().as_subclass(torch.Tensor) if isinstance(value, torch.Tensor) else value
+        for key, value in state.items()
+    }
 
 
 def loss_scaler_state(gemini_optimizer: Any) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_strategies.hugging_face import hugging_face_models, lora_layers, pretrained_tensors
+from lightning_strategies.hugging_face import hugging_face_models, lora_layers, move_buffers, pretrained_tensors
 
 # How many elements are gathered at once to be written: about 1 GiB of fp32 per group.
 GATHER_ELEMENTS = 2**28
@@ -28,7 +28,10 @@ _finished: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int, device: torch.device) -> None:
     """Initialise the ``transformers`` models of ``root`` that were built partitioned, as Hugging Face would have,
     then read the pretrained weights of those built by ``from_pretrained``; buffers go to ``device``."""
-    _buffers_to(root, device)
+    if any(hasattr(parameter, "ds_id") for parameter in root.parameters()):
+        # zero.Init creates floating-point tensors on the device, others (BERT's token_type_ids) where torch puts
+        # them, and the engine moves nothing of a model built partitioned.
+        move_buffers(root, device)
     for model in hugging_face_models(root):
         if _built_partitioned(model):
             _initialize(model)
@@ -47,17 +50,6 @@ def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int, device
                 for _, tensor, weights, original in group:
                     if rank == 0 or not hasattr(tensor, "ds_id"):  # buffers are not partitioned: every rank
                         tensor.copy_(weights.read(original))
-
-
-def _buffers_to(root: nn.Module, device: torch.device) -> None:
-    """zero.Init creates floating-point tensors on the device, others (BERT's token_type_ids) where torch puts them,
-    and the engine moves nothing of a model built partitioned: each buffer goes where the model computes."""
-    if not any(hasattr(parameter, "ds_id") for parameter in root.parameters()):
-        return
-    for module in root.modules():
-        for name, buffer in module._buffers.items():
-            if buffer is not None and buffer.device != device:
-                module._buffers[name] = buffer.to(device)
 
 
 def _built_partitioned(module: nn.Module) -> bool:

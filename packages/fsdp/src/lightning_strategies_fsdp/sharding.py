@@ -20,7 +20,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
-from lightning_strategies.hugging_face import PretrainedWeights, hugging_face_models, initialize, load_pending
+from lightning_strategies.hugging_face import (
+    PretrainedWeights,
+    hugging_face_models,
+    initialize,
+    load_pending,
+    move_buffers,
+)
 from lightning_strategies_fsdp.options import ShardingOptions, mesh_shape
 
 MESH_DIM_NAMES = {1: ("shard",), 2: ("replicate", "shard")}
@@ -156,9 +162,13 @@ def shard_model(
     if options.forward_prefetch:
         for current, following in itertools.pairwise(sharded):
             current.set_modules_to_forward_prefetch([following])
-    # Offloaded shards live in host memory from the start: FSDP2 refuses them anywhere else.
-    offloaded = isinstance(kwargs["offload_policy"], CPUOffloadPolicy)
-    materialize(module, torch.device("cpu") if offloaded else device, options.param_init_fn)
+    # Offloaded shards live in host memory from the start (FSDP2 refuses them anywhere else); buffers, which FSDP2
+    # does not manage, stay where the model computes.
+    if isinstance(kwargs["offload_policy"], CPUOffloadPolicy):
+        materialize(module, torch.device("cpu"), options.param_init_fn)
+        move_buffers(module, device)
+    else:
+        materialize(module, device, options.param_init_fn)
     return module
 
 

@@ -211,6 +211,10 @@ class TransformersModule(LightningModule):
             from colossalai.nn.optimizer import HybridAdam
 
             return HybridAdam(trainable, lr=self.learning_rate)
+        if self.optimizer_name == "cpu_adam":  # DeepSpeed's for an optimizer offloaded to the host (it refuses others)
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(trainable, lr=self.learning_rate)
         return torch.optim.AdamW(trainable, lr=self.learning_rate)
 
     def train_dataloader(self) -> DataLoader:
@@ -230,6 +234,15 @@ class HuggingFaceModule(TransformersModule):
 
     def configure_model(self) -> None:
         self.build()
+
+
+def optimizer_for(strategy: str) -> str:
+    """What each name trains with: Gemini steps HybridAdam only, DeepSpeed's host offload its CPU Adam."""
+    if strategy.startswith("colossalai"):
+        return "hybrid"
+    if strategy.startswith("deepspeed") and "offload" in strategy:
+        return "cpu_adam"
+    return "adamw"
 
 
 class SeedExampleModule(TransformersModule):
@@ -252,7 +265,7 @@ def run(
     # Adapters of rank 8 on a few projections move the model slowly: they get the larger step LoRA recipes use.
     module = module_class(
         case, pretrained, learning_rate=1e-2 if case.mode == "lora" else 1e-3,
-        optimizer="hybrid" if strategy.startswith("colossalai") else "adamw",
+        optimizer=optimizer_for(strategy),
     )  # fmt: skip
     trainer = Trainer(
         strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,

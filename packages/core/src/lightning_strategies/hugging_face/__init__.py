@@ -10,7 +10,7 @@ Importing this package imports neither torch nor ``transformers``.
 """
 
 from lightning_strategies.hugging_face.export import export, record_models
-from lightning_strategies.hugging_face.initialization import initialize, lora_layers
+from lightning_strategies.hugging_face.initialization import initialize, lora_layers, move_buffers
 from lightning_strategies.hugging_face.models import hugging_face_models, is_hugging_face_model, transformers_installed
 from lightning_strategies.hugging_face.pretrained import (
     PretrainedWeights,
@@ -29,6 +29,7 @@ __all__ = [
     "is_hugging_face_model",
     "load_pending",
     "lora_layers",
+    "move_buffers",
     "pending_weights",
     "pretrained_tensors",
     "record_models",

@@ -92,3 +92,12 @@ def lora_layers(root: nn.Module) -> list[tuple[nn.Module, Callable[[], None]]]:
 def _reset_adapters(reset: Callable[[str, Any], None], adapters: list[str], settings: dict[str, Any]) -> None:
     for adapter in adapters:
         reset(adapter, settings.get(adapter, True))
+
+
+def move_buffers(root: nn.Module, device: Any) -> None:
+    """Every buffer of ``root`` to ``device``, parameters left where their strategy keeps them: a model materialised
+    with its parameters in host memory (offloaded) or as partitions computes with its buffers on the device."""
+    for module in root.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None and buffer.device != device:
+                module._buffers[name] = buffer.to(device)
