@@ -17,6 +17,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_strategies.checkpoints import (
     check_checkpoint_file,
@@ -254,6 +255,11 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         memory.log_memory_statistics(trainer, self.is_global_zero, self.memory_statistics)
         return output
 
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Predictions as plain tensors: through GeminiDDP they come back as ColossalAI's ColoTensor, which a file of
+        them saved with torch.save cannot be loaded as with torch's default weights_only=True."""
+        return apply_to_collection(super().predict_step(*args, **kwargs), torch.Tensor, _plain_tensor)
+
     # ------------------------------------------------------------------------------------ memory
 
     def memory_statistics(self) -> dict[str, float]:
@@ -351,3 +357,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+
+
+def _plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.as_subclass(torch.Tensor)
