@@ -26,9 +26,12 @@ from lightning_strategies.testing import (
     described,
     error_of,
     free_port,
+    process_state,
     raised_by,
     record_checks,
     run_script,
+    side_effects_of_runs,
+    state_changes,
 )
 
 
@@ -174,3 +177,29 @@ def test_another_packages_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
         assert path == tmp_path / "other.ckpt" and (path / "shard-0").is_file()
         assert identify(path).description == ANOTHER_PACKAGE["description"]
     assert identify(path) is None
+
+
+def test_state_changes_name_what_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    import torch
+
+    monkeypatch.delenv("LIGHTNING_STRATEGIES_TEST_VARIABLE", raising=False)
+    before = process_state()
+    monkeypatch.setenv("LIGHTNING_STRATEGIES_TEST_VARIABLE", "left set")
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    logging.getLogger("lightning_strategies.test.created_now").setLevel(logging.ERROR)  # a new logger: no change
+    try:
+        found = state_changes(before, process_state())
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    assert found == {
+        "os.environ['LIGHTNING_STRATEGIES_TEST_VARIABLE']": [None, "left set"],
+        "torch.get_default_dtype()": ["torch.float32", "torch.float64"],
+    }
+
+
+def test_lightnings_own_runs_are_the_baseline() -> None:
+    assert side_effects_of_runs(["ddp"]) == {"ddp": {}}
+    assert side_effects_of_runs(["ddp"], fabric=True) == {"ddp": {}}

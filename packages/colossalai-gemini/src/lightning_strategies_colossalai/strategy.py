@@ -32,7 +32,7 @@ from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, memory, refusals
 from lightning_strategies_colossalai import sharded_checkpoint as sharded
-from lightning_strategies_colossalai.backend import load_colossalai
+from lightning_strategies_colossalai.backend import load_colossalai, undo_import_changes
 from lightning_strategies_colossalai.kernels import announce_kernel_build
 from lightning_strategies_colossalai.options import MEBI, GeminiSettings
 from lightning_strategies_colossalai.precision import GeminiPrecision
@@ -345,3 +345,4 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+        undo_import_changes()

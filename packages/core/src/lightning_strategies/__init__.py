@@ -37,6 +37,7 @@ PUBLIC_MODULES = (
     "lightning_strategies.checkpoints",
     "lightning_strategies.conformance",
     "lightning_strategies.conformance.launching",
+    "lightning_strategies.environment_changes",
     "lightning_strategies.pinned",
     "lightning_strategies.planning",
     "lightning_strategies.precision",

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,9 +41,12 @@ __all__ = [
     "described",
     "error_of",
     "free_port",
+    "process_state",
     "raised_by",
     "record_checks",
     "run_script",
+    "side_effects_of_runs",
+    "state_changes",
     "written_by_another_package",
 ]
 
@@ -96,6 +100,52 @@ def run_script(
             f"--- stderr (last {tail} characters) ---\n{completed.stderr[-tail:]}"
         )
     return completed
+
+
+def side_effects_of_runs(
+    names: Sequence[str],
+    *,
+    fabric: bool = False,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    env: Mapping[str, str] | None = None,
+    unset: Iterable[str] = (),
+    timeout: float = 600,
+) -> dict[str, dict[str, list[str | None]]]:
+    """What runs under each of ``names`` leave changed in the process: ``{name: {what: [before, after]}}``, an
+    empty dict for a name whose runs changed nothing.
+
+    One fresh process (``run_script``'s, with ``env`` and ``unset``) runs Lightning's own ``ddp`` once, so what
+    Lightning itself leaves set is set already, then each name on one CPU device: ``fit``, ``validate``, ``test``
+    and ``predict`` with the Trainer, or with ``fabric`` a model set up and stepped, then dropped (Fabric never
+    tears its strategy down). ``options`` adds constructor keywords per name. Compared: ``os.environ``, torch's
+    process-wide switches, the levels of existing loggers, Lightning's strategy registries (``process_state``).
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "side-effects.json"
+        command: list[str | os.PathLike[str]] = ["-m", "lightning_strategies.conformance.side_effects", out, *names]
+        if fabric:
+            command.append("--fabric")
+        if options:
+            command += ["--options", json.dumps(options)]
+        run_script(*command, env=env, unset=unset, timeout=timeout)
+        return dict(json.loads(out.read_text()))
+
+
+def process_state() -> dict[str, str]:
+    """What a strategy could leave changed for the rest of the process, each as a string: ``os.environ``, torch's
+    default dtype, grad mode, deterministic algorithms and threads, the loggers' levels, and the entries of
+    Lightning's strategy registries that are imported. Compare two with ``state_changes``."""
+    from lightning_strategies.conformance import side_effects
+
+    return side_effects.process_state()
+
+
+def state_changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, list[str | None]]:
+    """What differs between two ``process_state()``s, as ``{what: [before, after]}``; a logger created in between
+    is no change (modules create theirs when imported)."""
+    from lightning_strategies.conformance import side_effects
+
+    return side_effects.changes(dict(before), dict(after))
 
 
 @contextlib.contextmanager

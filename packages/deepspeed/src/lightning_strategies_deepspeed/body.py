@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -30,7 +31,7 @@ from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
+from lightning_strategies_deepspeed.backend import begin_run, export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
@@ -56,6 +57,7 @@ class _ParallelStrategy(Protocol):
     cluster_environment: ClusterEnvironment | None
     _process_group_backend: str | None
     _config_completed: bool
+    _end_run: weakref.finalize | None
 
     @property
     def root_device(self) -> torch.device: ...
@@ -88,6 +90,8 @@ class DeepSpeedBody(LightningAttributesMixin):
 
     # The keyword each entry point's DDPStrategy takes the precision plugin by: "precision_plugin" or "precision".
     precision_keyword: ClassVar[str]
+    # Undoes what the run under way changed in the process; set at set-up, before which there is nothing to undo.
+    _end_run: weakref.finalize | None = None
 
     def __init__(
         self,
@@ -175,9 +179,17 @@ class DeepSpeedBody(LightningAttributesMixin):
     # -- start-up ----------------------------------------------------------------------------
 
     def setup_environment(self: _ParallelStrategy) -> None:
+        # What the run changes in the process is undone at teardown; Fabric never tears its strategy down,
+        # so there it is undone once the strategy is gone (or the next run begins).
+        self._end_run = weakref.finalize(self, begin_run().undo)
         # Before anything else imports deepspeed: its accelerator follows Lightning's device.
         import_deepspeed(self.root_device.type, self.parameters["logging_level"])
         super().setup_environment()  # type: ignore[misc]
+
+    def teardown(self: _ParallelStrategy) -> None:
+        super().teardown()  # type: ignore[misc]
+        if self._end_run is not None:
+            self._end_run()
 
     def _check_devices(self: _ParallelStrategy) -> None:
         assert self.parallel_devices is not None
