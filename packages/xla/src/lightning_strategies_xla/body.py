@@ -11,7 +11,7 @@ tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
 
 from __future__ import annotations
 
-import os
+import weakref
 from collections.abc import Generator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -23,6 +23,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning_strategies import check_type
 from lightning_strategies.checkpoints import check_checkpoint_file, recover_before_load
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
+from lightning_strategies.environment_changes import EnvironmentChanges
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.xla_fsdp_checkpoint import refuse_xla_fsdp_shards
 
@@ -52,19 +53,30 @@ def device_index(device: int | torch.device | None) -> int | None:
     )
 
 
+# What debug=True set in os.environ; put back as it was (a level the user set included) when the run ends.
+_debug_switch = EnvironmentChanges()
+
+
 class DebugSwitchMixin:
-    """``debug=True`` sets torch_xla 2.9's debug level while the strategy runs, and takes it back at teardown."""
+    """``debug=True`` sets torch_xla 2.9's debug level while the strategy runs; teardown puts back what was there
+    (under Fabric, which never tears its strategy down, that happens once the strategy is gone)."""
 
     debug: bool
+    _end_debugging: weakref.finalize | None = None
 
     def _start_debugging(self) -> None:
         if self.debug:
-            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
+            self._switch_debugging_on()
+
+    def _switch_debugging_on(self) -> None:
+        _debug_switch.set(DEBUG_VARIABLE, DEBUG_LEVEL)
+        if self._end_debugging is None or not self._end_debugging.alive:
+            self._end_debugging = weakref.finalize(self, _debug_switch.restore)
 
     def teardown(self) -> None:
         super().teardown()  # type: ignore[misc]
-        if self.debug:
-            os.environ.pop(DEBUG_VARIABLE, None)
+        if self._end_debugging is not None:
+            self._end_debugging()
 
 
 class LaunchedDeviceMixin:
