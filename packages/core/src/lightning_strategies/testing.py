@@ -36,6 +36,7 @@ __all__ = [
     "another_packages_checkpoint",
     "assert_install_hints_match",
     "assert_layout_identified_only_through",
+    "check_lightning_cli_builds",
     "check_trainer_and_fabric_agree",
     "checkpoint_layouts_described",
     "described",
@@ -325,6 +326,85 @@ def check_trainer_and_fabric_agree(
         assert (ours.kind, ours.default, ours.annotation) == (theirs.kind, theirs.default, theirs.annotation), (
             f"{ours.name}: {trainer_class.__qualname__} takes {ours}, {fabric_class.__qualname__} {theirs}."
         )
+
+
+def check_lightning_cli_builds(
+    strategy_class: type, values: Mapping[str, Any], lightning_class: type | None = None
+) -> tuple[Any, Any]:
+    """Build ``strategy_class`` as LightningCLI does, from command-line strings and from YAML, with ``values``: what
+    a command line or a YAML file gives, as YAML holds it (numbers, strings, lists, ``{"class_path": ...,
+    "init_args": {...}}``). Returns the two strategies built, for the caller to check what each parameter became.
+
+    The constructor's annotations must be real types (``typing.get_type_hints`` resolves them), since they are what
+    jsonargparse, LightningCLI's parser, reads a value into. With ``lightning_class``, the Lightning class the
+    strategy stands in for: every parameter it names is one of ours, none is ``Any`` where Lightning's has a type,
+    and Lightning's parser reads every value it has a parameter for, so ``values`` are values Lightning's class
+    accepts too. Needs jsonargparse (``pip install "jsonargparse[signatures]"``).
+    """
+    import inspect
+    import typing
+
+    hints = typing.get_type_hints(strategy_class.__init__)  # type: ignore[misc]  # the class's own constructor
+    if lightning_class is not None:
+        theirs = {
+            name: parameter
+            for name, parameter in inspect.signature(lightning_class).parameters.items()
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+        }
+        ours = inspect.signature(strategy_class).parameters
+        missing = [name for name in theirs if name not in ours]
+        assert not missing, f"{strategy_class.__qualname__} does not take {missing} of {lightning_class.__module__}."
+        untyped = [
+            name
+            for name, parameter in theirs.items()
+            if hints.get(name, Any) is Any and parameter.annotation not in (Any, parameter.empty)
+        ]
+        assert not untyped, f"{strategy_class.__qualname__} annotates {untyped} as Any; Lightning's class has types."
+        _parse_strategy(lightning_class, {name: value for name, value in values.items() if name in theirs}, "cli")
+    built = tuple(_build_strategy(strategy_class, values, source) for source in ("cli", "yaml"))
+    return built[0], built[1]
+
+
+def _strategy_parser(strategy_class: type) -> Any:
+    """A parser of ``--strategy`` typed as the Trainer and Fabric type theirs: a name or a Strategy of the class's
+    entry point (LightningCLI's ``--trainer.strategy``)."""
+    from jsonargparse import ArgumentParser
+
+    base = next(kind for kind in strategy_class.__mro__ if kind.__name__ == "Strategy")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=str | base)
+    return parser
+
+
+def _parse_strategy(strategy_class: type, values: Mapping[str, Any], source: str) -> tuple[Any, Any]:
+    import yaml
+
+    parser = _strategy_parser(strategy_class)
+    path = f"{strategy_class.__module__}.{strategy_class.__qualname__}"
+    try:
+        if source == "cli":
+            given = [f"--strategy.{name}={_as_text(value)}" for name, value in values.items()]
+            return parser, parser.parse_args([f"--strategy={path}", *given])
+        config = {"strategy": {"class_path": path, "init_args": dict(values)}}
+        return parser, parser.parse_string(yaml.safe_dump(config))
+    except Exception as error:  # jsonargparse's errors name the parameter; say which class and source refused
+        raise AssertionError(
+            f"LightningCLI's parser refuses {dict(values)} for {path} from {source}: {error}"
+        ) from None
+
+
+def _build_strategy(strategy_class: type, values: Mapping[str, Any], source: str) -> Any:
+    parser, namespace = _parse_strategy(strategy_class, values, source)
+    # jsonargparse 4.49 renamed instantiate_classes to instantiate.
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    strategy = instantiate(namespace).strategy
+    assert type(strategy) is strategy_class, f"LightningCLI built {type(strategy).__qualname__} from {source}"
+    return strategy
+
+
+def _as_text(value: Any) -> str:
+    """A value as a command line gives it: strings bare (jsonargparse keeps quotes a string is given with)."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _check_jsonargparse_reads(cls: type, names: list[str]) -> None:

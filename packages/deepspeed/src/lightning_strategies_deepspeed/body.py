@@ -14,13 +14,13 @@ with ``precision`` named ``precision_plugin``, as each entry point's ``DDPStrate
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
+from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
@@ -95,7 +95,7 @@ class DeepSpeedBody(LightningAttributesMixin):
 
     def __init__(
         self,
-        accelerator: Any = None,
+        accelerator: Accelerator | None = None,
         zero_optimization: bool = True,
         stage: int = 2,
         remote_device: str | None = None,
@@ -123,8 +123,8 @@ class DeepSpeedBody(LightningAttributesMixin):
         allgather_bucket_size: int = 200_000_000,
         reduce_bucket_size: int = 200_000_000,
         zero_allow_untested_optimizer: bool = True,
-        logging_batch_size_per_gpu: str | int = "auto",
-        config: str | os.PathLike | dict[str, Any] | None = None,
+        logging_batch_size_per_gpu: int | Literal["auto"] | None = "auto",
+        config: str | Path | dict[str, Any] | None = None,
         logging_level: int = logging.WARN,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,

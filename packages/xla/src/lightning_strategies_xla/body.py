@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+from lightning.fabric.accelerators import Accelerator
+from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.types import _PATH
 
@@ -122,9 +124,9 @@ class XLABody(LaunchedDeviceMixin):
 
     def __init__(
         self,
-        accelerator: Any = None,
+        accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
-        checkpoint_io: Any = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         debug: bool = False,
         sync_module_states: bool = True,
@@ -150,8 +152,8 @@ class SingleDeviceXLABody(OneDeviceMixin):
     def __init__(
         self,
         device: int | torch.device | None = None,
-        accelerator: Any = None,
-        checkpoint_io: Any = None,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         debug: bool = False,
     ) -> None:
