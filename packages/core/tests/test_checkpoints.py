@@ -95,6 +95,18 @@ def test_a_failed_save_keeps_a_staging_folder_that_holds_another_save(tmp_path: 
     assert listing(tmp_path) == [STAGING_FOLDER, f"{STAGING_FOLDER}/other.ckpt"]
 
 
+def test_a_failed_save_raises_its_own_error_where_the_clean_up_cannot_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def still_being_written(path: object) -> None:  # another rank writing into the folder as it is removed
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr("shutil.rmtree", still_being_written)
+    with pytest.raises(RuntimeError, match="disk full"), staged_save(tmp_path / "model.ckpt") as staged:
+        staged.mkdir()
+        raise RuntimeError("disk full")
+
+
 def test_a_published_save_leaves_no_staging_folder_behind(tmp_path: Path) -> None:
     with staged_save(tmp_path / "model.ckpt") as staged:
         torch.save({"weights": torch.ones(1)}, staged)

@@ -37,11 +37,11 @@ def staged_save(
     ``path`` once all ranks are done.
 
     Every rank enters and leaves together (``barrier`` is the strategy's). If the body raises,
-    nothing is published and the previous checkpoint stays as it was; on rank 0 the staged files
-    and every folder the save created are removed, so the folder is left as the save found it (a
-    failure on another rank only leaves them for the next save to clear, since rank 0 may still
-    be writing). A remote URL is yielded as it is: object stores publish an object whole when it
-    is closed, and have no rename.
+    nothing is published and the previous checkpoint stays as it was; rank 0 removes the staged files
+    and every folder the save created, so the folder is left as the save found it. Where other ranks
+    are still writing (or only another rank failed), what they leave is cleared by the next save. A
+    remote URL is yielded as it is: object stores publish an object whole when it is closed, and
+    have no rename.
     """
     if not is_local(path):
         yield path
@@ -58,9 +58,12 @@ def staged_save(
         yield staged
     except BaseException:
         if is_global_zero:
-            _remove_tree(staged)
-            for folder in reversed(created):
-                _remove_if_empty(folder)
+            # Other ranks may still be writing into it (a save failing on every rank): whatever cannot be removed
+            # now, the next save clears; the error the user sees stays the save's own.
+            with contextlib.suppress(OSError):
+                _remove_tree(staged)
+                for folder in reversed(created):
+                    _remove_if_empty(folder)
         raise
     barrier()
     if is_global_zero:
