@@ -8,6 +8,7 @@ package. GPU and TPU sessions are not default: they run on machines that have on
     nox -l                    # every session
     nox -t cpu                # what CI runs
     nox -t cpu-extended       # the dependency sets CI leaves out (the floors)
+    nox -t lightning-prerelease  # the CPU tier against Lightning's newest pre-release, where there is one
     nox -t deepspeed          # one package, every runner it has here
     nox -s demo               # train by strategy name on CPU
 """
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
+import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
 
 import nox
 import tomllib
+from packaging.version import Version
 
 ROOT = Path(__file__).parent
 PACKAGES = ROOT / "packages"
@@ -79,18 +83,23 @@ def install_package(session: nox.Session, folder: Path, dependency_set: list[str
     session.install(str(PACKAGES / "core"), str(folder), env=env)
 
 
+def run_tests(session: nox.Session, folder: Path, settings: dict, runner: str, *extra: str, **options) -> None:
+    session.install("pytest", "pytest-timeout")
+    env = {key: str(value) for key, value in settings.get("env", {}).items()}
+    session.run(
+        "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
+        f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", "-ra", *extra, *session.posargs,
+        env=env, **options,
+    )  # fmt: skip
+
+
 def make_test_session(folder: Path, dependency_set_name: str, dependency_set: list[str], runner: str) -> None:
     settings = package_settings(folder)
 
     def tests(session: nox.Session) -> None:
         install_system_packages(session, settings.get("system-packages", []))
         install_package(session, folder, dependency_set, settings)
-        session.install("pytest", "pytest-timeout")
-        env = {key: str(value) for key, value in settings.get("env", {}).items()}
-        session.run(
-            "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
-            f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", "-ra", *session.posargs, env=env,
-        )  # fmt: skip
+        run_tests(session, folder, settings, runner)
 
     # A package may keep some dependency sets out of CI (ci-dependency-sets): they carry the
     # runner's "-extended" tag instead, so `nox -t cpu-extended` still runs them.
@@ -104,6 +113,49 @@ def make_test_session(folder: Path, dependency_set_name: str, dependency_set: li
     )(tests)
 
 
+def newest_prerelease(session: nox.Session, distribution: str) -> str | None:
+    """The newest version of ``distribution`` on the package index, where that is a pre-release (newer than every
+    release); None where it is a release, or where the index cannot be asked."""
+    listing = session.run(
+        "python", "-m", "pip", "index", "versions", distribution, "--pre", silent=True, success_codes=[0, 1]
+    )
+    found = re.search(rf"^{re.escape(distribution)} \(([^)]+)\)", str(listing or ""), re.MULTILINE)
+    return found.group(1) if found and Version(found.group(1)).is_prerelease else None
+
+
+def make_prerelease_session(folder: Path, dependency_set: list[str]) -> None:
+    """The package's CPU tests on its latest dependency set with Lightning's newest pre-release in place of the
+    release: allowed to fail (our packages declare the Lightning range they are tested with), but reported."""
+    settings = package_settings(folder)
+
+    def tests(session: nox.Session) -> None:
+        lightning = newest_prerelease(session, "lightning")
+        if lightning is None:
+            session.skip("Lightning has no pre-release newer than its latest release on the package index.")
+        install_system_packages(session, settings.get("system-packages", []))
+        install_package(session, folder, dependency_set, settings)
+        # Over the declared range (pip says so, and installs it): the point is to see what the next release breaks.
+        standalone = newest_prerelease(session, "pytorch-lightning")
+        session.install(f"lightning=={lightning}", *([f"pytorch-lightning=={standalone}"] if standalone else []))
+        report = Path(session.create_tmp()) / "junit.xml"
+        # pytest's 1 is "tests failed", which is allowed here; anything else (an error in collection) is not.
+        run_tests(session, folder, settings, "cpu", f"--junitxml={report}", success_codes=[0, 1])
+        suite = ElementTree.parse(report).getroot().find("testsuite")
+        failed = sum(int(suite.get(kind, 0)) for kind in ("failures", "errors")) if suite is not None else 0
+        if failed:
+            session.warn(f"{failed} {folder.name} tests fail against lightning {lightning} (allowed); see {report}")
+        else:
+            session.log(f"Every {folder.name} CPU test passes against lightning {lightning}.")
+
+    tests.__doc__ = f"{folder.name} CPU tests against Lightning's newest pre-release (allowed to fail)"
+    nox_session(
+        name=f"tests-{folder.name}-lightning-prerelease-cpu",
+        python=PYTHON,
+        tags=["lightning-prerelease", folder.name],
+        default=False,
+    )(tests)
+
+
 for package_folder in sorted(PACKAGES.iterdir()):
     if not (package_folder / "pyproject.toml").exists():
         continue
@@ -111,6 +163,9 @@ for package_folder in sorted(PACKAGES.iterdir()):
     for set_name, requirements in package_tests.get("dependency-sets", {}).items():
         for runner_name in package_tests.get("runners", ["cpu"]):
             make_test_session(package_folder, set_name, requirements, runner_name)
+    latest = package_tests.get("dependency-sets", {}).get("latest")
+    if latest and "cpu" in package_tests.get("runners", ["cpu"]):
+        make_prerelease_session(package_folder, latest)
 
 
 @nox_session(python=PYTHON, tags=["cpu", "lint"])

@@ -3,7 +3,9 @@
 It must cost next to nothing in every Python process, so it imports only ``sys`` and ``os`` and
 does one thing: when Lightning's strategy registries (or connectors, or XLA accelerator) are
 imported, it hands them to ``lightning_strategies.activation``, which fills them with lazy
-entries and lets plugins adjust them. Nothing else of ours is imported until then.
+entries and lets plugins adjust them. Nothing else of ours is imported until then. It also
+answers, last of all finders, for the modules of retired integrations our packages replace, so
+that an old import fails with the import to use.
 ``LIGHTNING_STRATEGIES_AUTOLOAD=0`` turns it off.
 
 PYTEST_DONT_REWRITE: it runs before pytest starts, so pytest must not try to rewrite it.
@@ -35,6 +37,48 @@ WATCHED_MODULES = {
     "lightning.fabric.accelerators.xla": ("lightning.fabric", "xla accelerator", "XLAAccelerator"),
     "lightning_fabric.accelerators.xla": ("lightning_fabric", "xla accelerator", "XLAAccelerator"),
 }
+
+
+# Modules of Lightning integrations that were retired, whose strategies a package of this project provides now:
+# module -> (its project on PyPI, the distribution of ours, our import package, the class, the strategy name).
+# Importing one that nothing provides raises an error that names the imports to use instead of "No module named";
+# where the old project is installed, its module is imported as before.
+RETIRED_MODULES = {
+    "lightning_colossalai": (
+        "lightning-colossalai",
+        "lightning-strategies-colossalai-gemini",
+        "lightning_strategies_colossalai",
+        "ColossalAIStrategy",
+        "colossalai",
+    ),
+}
+
+
+def retired_module_message(module):
+    project, distribution, package, name, strategy = RETIRED_MODULES[module]
+    import importlib.util
+
+    message = (
+        f"No module named {module!r}: that is the {project} project, a retired Lightning integration, and it is not "
+        f"installed. {name} now comes from {distribution}: use `from lightning.pytorch.strategies import {name}` "
+        f"(`pytorch_lightning.strategies` with the standalone package) or `from {package} import {name}`, or "
+        f'pass strategy="{strategy}".'
+    )
+    if importlib.util.find_spec(package) is None:
+        message += f" Install it first: pip install {distribution}"
+    return message
+
+
+class _RetiredModules:
+    """Last on sys.meta_path: a retired module that no other finder provides is an error naming what to import."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in RETIRED_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec") and finder.find_spec(fullname, path, target):
+                return None  # installed after all: that finder answers
+        raise ModuleNotFoundError(retired_module_message(fullname), name=fullname)
 
 
 class _ActivatingLoader:
@@ -77,12 +121,15 @@ class _Watcher:
 
 
 _watcher = _Watcher()
+_retired = _RetiredModules()
 
 
 def install():
-    """Watch for Lightning's registries (idempotent)."""
+    """Watch for Lightning's registries, and answer for retired modules (idempotent)."""
     if _watcher not in sys.meta_path:
         sys.meta_path.insert(0, _watcher)
+    if _retired not in sys.meta_path:
+        sys.meta_path.append(_retired)
 
 
 if os.environ.get("LIGHTNING_STRATEGIES_AUTOLOAD", "1") != "0":

@@ -65,6 +65,48 @@ def test_a_failed_save_publishes_nothing(tmp_path: Path) -> None:
     assert load_file(target, weights_only=True)["weights"].item() == 1
 
 
+def listing(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+@pytest.mark.parametrize("where", ["beside a checkpoint", "in folders that do not exist yet"])
+def test_a_failed_save_leaves_the_folder_as_it_was(kind: str, where: str, tmp_path: Path) -> None:
+    target = tmp_path / "model.ckpt" if where == "beside a checkpoint" else tmp_path / "new" / "runs" / "model.ckpt"
+    if where == "beside a checkpoint":
+        torch.save({"weights": torch.ones(1)}, target)
+    before = listing(tmp_path)
+    with pytest.raises(RuntimeError, match="disk full"), staged_save(target) as staged:
+        if kind == "folder":
+            staged.mkdir()
+            staged = staged / "shard-0.pt"
+        torch.save({"weights": torch.zeros(1)}, staged)
+        raise RuntimeError("disk full")
+    assert listing(tmp_path) == before
+
+
+def test_a_failed_save_keeps_a_staging_folder_that_holds_another_save(tmp_path: Path) -> None:
+    other = staging_path(tmp_path / "other.ckpt")
+    other.parent.mkdir()
+    other.write_bytes(b"being written by another save")
+    with pytest.raises(RuntimeError), staged_save(tmp_path / "model.ckpt") as staged:
+        staged.write_bytes(b"half")
+        raise RuntimeError("disk full")
+    assert listing(tmp_path) == [STAGING_FOLDER, f"{STAGING_FOLDER}/other.ckpt"]
+
+
+def test_a_failed_save_raises_its_own_error_where_the_clean_up_cannot_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def still_being_written(path: object) -> None:  # another rank writing into the folder as it is removed
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr("shutil.rmtree", still_being_written)
+    with pytest.raises(RuntimeError, match="disk full"), staged_save(tmp_path / "model.ckpt") as staged:
+        staged.mkdir()
+        raise RuntimeError("disk full")
+
+
 def test_a_published_save_leaves_no_staging_folder_behind(tmp_path: Path) -> None:
     with staged_save(tmp_path / "model.ckpt") as staged:
         torch.save({"weights": torch.ones(1)}, staged)

@@ -8,8 +8,10 @@ import json
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
 import lightning_strategies.conformance
 from lightning_strategies import hookimpl
@@ -23,12 +25,16 @@ from lightning_strategies.testing import (
     another_packages_checkpoint,
     assert_install_hints_match,
     assert_layout_identified_only_through,
+    check_lightning_cli_builds,
     described,
     error_of,
     free_port,
+    process_state,
     raised_by,
     record_checks,
     run_script,
+    side_effects_of_runs,
+    state_changes,
 )
 
 
@@ -174,3 +180,60 @@ def test_another_packages_checkpoint_is_refused_by_name(tmp_path: Path) -> None:
         assert path == tmp_path / "other.ckpt" and (path / "shard-0").is_file()
         assert identify(path).description == ANOTHER_PACKAGE["description"]
     assert identify(path) is None
+
+
+def test_state_changes_name_what_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    import torch
+
+    monkeypatch.delenv("LIGHTNING_STRATEGIES_TEST_VARIABLE", raising=False)
+    before = process_state()
+    monkeypatch.setenv("LIGHTNING_STRATEGIES_TEST_VARIABLE", "left set")
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    logging.getLogger("lightning_strategies.test.created_now").setLevel(logging.ERROR)  # a new logger: no change
+    try:
+        found = state_changes(before, process_state())
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    assert found == {
+        "os.environ['LIGHTNING_STRATEGIES_TEST_VARIABLE']": [None, "left set"],
+        "torch.get_default_dtype()": ["torch.float32", "torch.float64"],
+    }
+
+
+def test_lightnings_own_runs_are_the_baseline() -> None:
+    assert side_effects_of_runs(["ddp"]) == {"ddp": {}}
+    assert side_effects_of_runs(["ddp"], fabric=True) == {"ddp": {}}
+
+
+class LightningsStandIn(SingleDeviceStrategy):
+    def __init__(self, device: str = "cpu", steps: int = 1) -> None:
+        super().__init__(device)
+        self.steps = steps
+
+
+class TypedAsLightnings(SingleDeviceStrategy):
+    def __init__(self, device: str = "cpu", steps: int = 1, extra: bool = False) -> None:
+        super().__init__(device)
+        self.steps, self.extra = steps, extra
+
+
+class AnnotatedAny(SingleDeviceStrategy):
+    def __init__(self, device: str = "cpu", steps: Any = 1) -> None:
+        super().__init__(device)
+
+
+def test_lightning_cli_builds_from_a_command_line_and_yaml() -> None:
+    built = check_lightning_cli_builds(TypedAsLightnings, {"steps": 3, "extra": True}, LightningsStandIn)
+    assert [(strategy.steps, strategy.extra) for strategy in built] == [(3, True), (3, True)]
+
+
+def test_lightning_cli_check_refuses_any_where_lightning_has_a_type_and_values_it_would_refuse() -> None:
+    with pytest.raises(AssertionError, match=r"annotates \['steps'\] as Any"):
+        check_lightning_cli_builds(AnnotatedAny, {"steps": 3}, LightningsStandIn)
+    with pytest.raises(AssertionError, match=r"refuses .* for test_testing_kit\.LightningsStandIn from cli"):
+        check_lightning_cli_builds(TypedAsLightnings, {"steps": "many"}, LightningsStandIn)
+    with pytest.raises(AssertionError, match=r"AnnotatedAny does not take \['extra'\]"):
+        check_lightning_cli_builds(AnnotatedAny, {}, TypedAsLightnings)

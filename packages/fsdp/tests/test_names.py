@@ -200,3 +200,21 @@ def test_core_identifies_dcp_folders_only_through_this_plugin(tmp_path) -> None:
 
 def test_cores_install_hints_list_exactly_the_names_this_package_registers():
     assert_install_hints_match(DISTRIBUTION)
+
+
+def test_lightnings_own_fsdp2_names_stay_lightnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning 2.7 registers ``fsdp2`` and ``fsdp2_cpu_offload`` for its own FSDP2Strategy (stood in for here by
+    its FSDPStrategy class): they stay Lightning's, beside this package's names, and are listed as Lightning's."""
+    from lightning.pytorch.strategies import FSDPStrategy as LightningsClass
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    import lightning_strategies
+    from lightning_strategies.known import LIGHTNING_TRAINER_NAMES
+
+    for name in ("fsdp2", "fsdp2_cpu_offload"):
+        monkeypatch.setitem(StrategyRegistry, name, {"strategy": LightningsClass, "description": "", "init_params": {}})
+    lightning_strategies.activate()  # as when Lightning's registry is imported
+    assert StrategyRegistry["fsdp2"]["strategy"] is LightningsClass
+    assert StrategyRegistry["fsdp2_cpu_offload"]["strategy"] is LightningsClass
+    assert {"fsdp2", "fsdp2_cpu_offload"} <= LIGHTNING_TRAINER_NAMES
+    assert type(StrategyRegistry.get("fsdp")) is FSDP2Strategy

@@ -52,7 +52,7 @@ def test_save_failing_half_way_keeps_the_previous_checkpoint_as_last(
     result = read(reliability_run, f"failed_save_{kind}")
     assert result["save_error"] == error
     assert result["visible"] == ["last.ckpt"]
-    assert result["staged_left"] == ["last.ckpt"]  # the partial write, in the hidden staging folder only
+    assert result["staged_left"] == []  # the partial write is gone, and the hidden staging folder with it
     # ckpt_path="last" found the checkpoint of step 2, whole, with its optimizer state.
     assert result["resumed_from"] == "last.ckpt"
     assert result["resumed_weights_equal_saved"]

@@ -62,7 +62,7 @@ def test_trainer_save_failing_half_way_keeps_the_previous_checkpoint_to_resume_f
     with pytest.raises(OSError, match=DISK_FULL):
         trainer.save_checkpoint(path)
     assert path.read_bytes() == previous
-    assert visible(tmp_path) == ["last.ckpt"]  # the half-written file is only in the hidden staging folder
+    assert visible(tmp_path) == ["last.ckpt"]  # the half-written file is removed, never published
 
     resumed = small_trainer(tmp_path, max_epochs=2)
     resumed.fit(BoringModel(), ckpt_path=path)  # torch's default weights_only (True on torch >= 2.6)

@@ -7,13 +7,16 @@ anything heavy loads, and so a refusal happens before a GPU is touched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "ColossalAIStrategy"
-PLACEMENTS = ("cpu", "cuda", "auto", "static")
-STATE_DICT_TYPES = ("full", "sharded")
+# As types, so the constructor's annotations tell LightningCLI (and type checkers) the values allowed.
+Placement = Literal["cpu", "cuda", "auto", "static"]
+StateDictType = Literal["full", "sharded"]
+PLACEMENTS = get_args(Placement)
+STATE_DICT_TYPES = get_args(StateDictType)
 PRECISIONS = {"16-mixed": "fp16", "bf16-mixed": "bf16"}
 # ColossalAI counts chunk sizes in parameters (elements) and takes search sizes in units of 2**20.
 MEBI = 2**20

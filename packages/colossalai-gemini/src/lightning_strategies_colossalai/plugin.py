@@ -78,3 +78,10 @@ def checkpoint_formats():
     from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
 
     return [COLOSSALAI]
+
+
+@hookimpl
+def lightning_module_imported(module_name, module):
+    from lightning_strategies_colossalai.lightning_names import export_from_lightning
+
+    export_from_lightning(module_name, module)

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -34,9 +37,9 @@ from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, memory, refusals
 from lightning_strategies_colossalai import sharded_checkpoint as sharded
-from lightning_strategies_colossalai.backend import load_colossalai
+from lightning_strategies_colossalai.backend import load_colossalai, undo_import_changes
 from lightning_strategies_colossalai.kernels import announce_kernel_build
-from lightning_strategies_colossalai.options import MEBI, GeminiSettings
+from lightning_strategies_colossalai.options import MEBI, GeminiSettings, Placement, StateDictType
 from lightning_strategies_colossalai.precision import GeminiPrecision
 
 
@@ -55,7 +58,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         use_chunk: bool = True,
         chunk_size: int | None = None,
         enable_distributed_storage: bool = True,
-        placement_policy: str = "auto",
+        placement_policy: Placement = "auto",
         force_outputs_fp32: bool = False,
         gpu_margin_mem_ratio: float = 0.0,
         chunk_search_range: int = 64 * MEBI,
@@ -68,16 +71,16 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         growth_interval: int = 1000,
         hysteresis: int = 2,
         max_scale: float = 2**32,
-        state_dict_type: str = "full",
+        state_dict_type: StateDictType = "full",
         shard_size_mb: int = 1024,
         offload_optim_frac: float | None = None,
         offload_param_frac: float | None = None,
         pin_memory: bool | None = None,
-        accelerator: Any = None,
+        accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
-        cluster_environment: Any = None,
-        checkpoint_io: Any = None,
-        precision_plugin: Any = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
@@ -357,6 +360,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+        undo_import_changes()
 
 
 def _plain_tensor(tensor: torch.Tensor) -> torch.Tensor:

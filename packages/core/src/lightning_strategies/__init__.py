@@ -40,6 +40,7 @@ PUBLIC_MODULES = (
     "lightning_strategies.conformance",
     "lightning_strategies.conformance.hugging_face",
     "lightning_strategies.conformance.launching",
+    "lightning_strategies.environment_changes",
     "lightning_strategies.pinned",
     "lightning_strategies.planning",
     "lightning_strategies.precision",

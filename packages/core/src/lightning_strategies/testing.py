@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,14 +36,18 @@ __all__ = [
     "another_packages_checkpoint",
     "assert_install_hints_match",
     "assert_layout_identified_only_through",
+    "check_lightning_cli_builds",
     "check_trainer_and_fabric_agree",
     "checkpoint_layouts_described",
     "described",
     "error_of",
     "free_port",
+    "process_state",
     "raised_by",
     "record_checks",
     "run_script",
+    "side_effects_of_runs",
+    "state_changes",
     "written_by_another_package",
 ]
 
@@ -96,6 +101,52 @@ def run_script(
             f"--- stderr (last {tail} characters) ---\n{completed.stderr[-tail:]}"
         )
     return completed
+
+
+def side_effects_of_runs(
+    names: Sequence[str],
+    *,
+    fabric: bool = False,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    env: Mapping[str, str] | None = None,
+    unset: Iterable[str] = (),
+    timeout: float = 600,
+) -> dict[str, dict[str, list[str | None]]]:
+    """What runs under each of ``names`` leave changed in the process: ``{name: {what: [before, after]}}``, an
+    empty dict for a name whose runs changed nothing.
+
+    One fresh process (``run_script``'s, with ``env`` and ``unset``) runs Lightning's own ``ddp`` once, so what
+    Lightning itself leaves set is set already, then each name on one CPU device: ``fit``, ``validate``, ``test``
+    and ``predict`` with the Trainer, or with ``fabric`` a model set up and stepped, then dropped (Fabric never
+    tears its strategy down). ``options`` adds constructor keywords per name. Compared: ``os.environ``, torch's
+    process-wide switches, the levels of existing loggers, Lightning's strategy registries (``process_state``).
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "side-effects.json"
+        command: list[str | os.PathLike[str]] = ["-m", "lightning_strategies.conformance.side_effects", out, *names]
+        if fabric:
+            command.append("--fabric")
+        if options:
+            command += ["--options", json.dumps(options)]
+        run_script(*command, env=env, unset=unset, timeout=timeout)
+        return dict(json.loads(out.read_text()))
+
+
+def process_state() -> dict[str, str]:
+    """What a strategy could leave changed for the rest of the process, each as a string: ``os.environ``, torch's
+    default dtype, grad mode, deterministic algorithms and threads, the loggers' levels, and the entries of
+    Lightning's strategy registries that are imported. Compare two with ``state_changes``."""
+    from lightning_strategies.conformance import side_effects
+
+    return side_effects.process_state()
+
+
+def state_changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, list[str | None]]:
+    """What differs between two ``process_state()``s, as ``{what: [before, after]}``; a logger created in between
+    is no change (modules create theirs when imported)."""
+    from lightning_strategies.conformance import side_effects
+
+    return side_effects.changes(dict(before), dict(after))
 
 
 @contextlib.contextmanager
@@ -276,6 +327,85 @@ def check_trainer_and_fabric_agree(
         assert (ours.kind, ours.default, ours.annotation) == (theirs.kind, theirs.default, theirs.annotation), (
             f"{ours.name}: {trainer_class.__qualname__} takes {ours}, {fabric_class.__qualname__} {theirs}."
         )
+
+
+def check_lightning_cli_builds(
+    strategy_class: type, values: Mapping[str, Any], lightning_class: type | None = None
+) -> tuple[Any, Any]:
+    """Build ``strategy_class`` as LightningCLI does, from command-line strings and from YAML, with ``values``: what
+    a command line or a YAML file gives, as YAML holds it (numbers, strings, lists, ``{"class_path": ...,
+    "init_args": {...}}``). Returns the two strategies built, for the caller to check what each parameter became.
+
+    The constructor's annotations must be real types (``typing.get_type_hints`` resolves them), since they are what
+    jsonargparse, LightningCLI's parser, reads a value into. With ``lightning_class``, the Lightning class the
+    strategy stands in for: every parameter it names is one of ours, none is ``Any`` where Lightning's has a type,
+    and Lightning's parser reads every value it has a parameter for, so ``values`` are values Lightning's class
+    accepts too. Needs jsonargparse (``pip install "jsonargparse[signatures]"``).
+    """
+    import inspect
+    import typing
+
+    hints = typing.get_type_hints(strategy_class.__init__)  # type: ignore[misc]  # the class's own constructor
+    if lightning_class is not None:
+        theirs = {
+            name: parameter
+            for name, parameter in inspect.signature(lightning_class).parameters.items()
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+        }
+        ours = inspect.signature(strategy_class).parameters
+        missing = [name for name in theirs if name not in ours]
+        assert not missing, f"{strategy_class.__qualname__} does not take {missing} of {lightning_class.__module__}."
+        untyped = [
+            name
+            for name, parameter in theirs.items()
+            if hints.get(name, Any) is Any and parameter.annotation not in (Any, parameter.empty)
+        ]
+        assert not untyped, f"{strategy_class.__qualname__} annotates {untyped} as Any; Lightning's class has types."
+        _parse_strategy(lightning_class, {name: value for name, value in values.items() if name in theirs}, "cli")
+    built = tuple(_build_strategy(strategy_class, values, source) for source in ("cli", "yaml"))
+    return built[0], built[1]
+
+
+def _strategy_parser(strategy_class: type) -> Any:
+    """A parser of ``--strategy`` typed as the Trainer and Fabric type theirs: a name or a Strategy of the class's
+    entry point (LightningCLI's ``--trainer.strategy``)."""
+    from jsonargparse import ArgumentParser
+
+    base = next(kind for kind in strategy_class.__mro__ if kind.__name__ == "Strategy")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--strategy", type=str | base)
+    return parser
+
+
+def _parse_strategy(strategy_class: type, values: Mapping[str, Any], source: str) -> tuple[Any, Any]:
+    import yaml
+
+    parser = _strategy_parser(strategy_class)
+    path = f"{strategy_class.__module__}.{strategy_class.__qualname__}"
+    try:
+        if source == "cli":
+            given = [f"--strategy.{name}={_as_text(value)}" for name, value in values.items()]
+            return parser, parser.parse_args([f"--strategy={path}", *given])
+        config = {"strategy": {"class_path": path, "init_args": dict(values)}}
+        return parser, parser.parse_string(yaml.safe_dump(config))
+    except Exception as error:  # jsonargparse's errors name the parameter; say which class and source refused
+        raise AssertionError(
+            f"LightningCLI's parser refuses {dict(values)} for {path} from {source}: {error}"
+        ) from None
+
+
+def _build_strategy(strategy_class: type, values: Mapping[str, Any], source: str) -> Any:
+    parser, namespace = _parse_strategy(strategy_class, values, source)
+    # jsonargparse 4.49 renamed instantiate_classes to instantiate.
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    strategy = instantiate(namespace).strategy
+    assert type(strategy) is strategy_class, f"LightningCLI built {type(strategy).__qualname__} from {source}"
+    return strategy
+
+
+def _as_text(value: Any) -> str:
+    """A value as a command line gives it: strings bare (jsonargparse keeps quotes a string is given with)."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _check_jsonargparse_reads(cls: type, names: list[str]) -> None:

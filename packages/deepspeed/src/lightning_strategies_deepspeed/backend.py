@@ -9,6 +9,10 @@ On CPU, DeepSpeed's communication layer compiles a shared-memory op the first ti
 whatever the optimizer: 40 to 95 s of silence on two cores. ``import_deepspeed`` says so before
 it happens, and keeps torch's build folder per environment, so that switching between
 environments (another torch or DeepSpeed) does not rebuild it each time.
+
+What this module puts in ``os.environ`` (the accelerator, the build folder, the ranks) and DeepSpeed's
+log level belong to a run: the strategies begin one at set-up (``begin_run``) and undo it at teardown.
+DeepSpeed's accelerator itself stays as chosen: the run's partitioned parameters keep using it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from lightning_strategies.backends import require_backend
+from lightning_strategies.environment_changes import EnvironmentChanges
 from lightning_strategies_deepspeed.cuda_arch import normalize_environment
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,33 @@ SHARED_MEMORY_OP = "deepspeed_shm_comm"  # the op DeepSpeed's CPU accelerator bu
 _DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda"}
 
 
+class RunChanges:
+    """What this module changed in the process for one run: variables in ``os.environ``, DeepSpeed's log level."""
+
+    def __init__(self) -> None:
+        self.environment = EnvironmentChanges()
+        self.logger_levels: dict[logging.Logger, int] = {}
+
+    def undo(self) -> None:
+        self.environment.restore()
+        for logger, level in self.logger_levels.items():
+            logger.setLevel(level)
+        self.logger_levels.clear()
+
+
+_run = RunChanges()
+
+
+def begin_run() -> RunChanges:
+    """Record this module's changes as a new run's, undoing first what came before: an earlier run's changes
+    (Fabric never tears its strategy down), or those of a model built before set-up (``trainer.init_module()``
+    under ZeRO-3 imports deepspeed)."""
+    global _run
+    _run.undo()
+    _run = RunChanges()
+    return _run
+
+
 def import_deepspeed(device_type: str | None = None, logging_level: int | None = None) -> ModuleType:
     """Import deepspeed with its accelerator matching ``device_type`` ("cpu" or "cuda")."""
     wanted = _DEEPSPEED_ACCELERATORS.get(device_type or "")
@@ -44,10 +76,11 @@ def import_deepspeed(device_type: str | None = None, logging_level: int | None =
             "Use Trainer(accelerator='cuda') or Trainer(accelerator='cpu')."
         )
     if wanted == "cuda":
-        normalize_environment()
+        with _run.environment.recording():
+            normalize_environment()
     if wanted is not None and "deepspeed" not in sys.modules:
         # Child processes (Lightning's launcher, DeepSpeed's op builds) inherit the choice.
-        os.environ[ACCELERATOR_VARIABLE] = wanted
+        _run.environment.set(ACCELERATOR_VARIABLE, wanted)
     extensions = use_extensions_folder()
     if wanted == "cpu":
         announce_shared_memory_op_build(extensions)
@@ -57,7 +90,9 @@ def import_deepspeed(device_type: str | None = None, logging_level: int | None =
     if wanted is not None:
         _ensure_accelerator(wanted)
     if logging_level is not None:
-        deepspeed.utils.logging.logger.setLevel(logging_level)
+        logger = deepspeed.utils.logging.logger
+        _run.logger_levels.setdefault(logger, logger.level)
+        logger.setLevel(logging_level)
     return deepspeed
 
 
@@ -107,7 +142,7 @@ def use_extensions_folder() -> Path:
     if chosen:
         return Path(chosen)
     folder = default_extensions_folder()
-    os.environ[EXTENSIONS_VARIABLE] = str(folder)  # read by torch's build, here and in child processes
+    _run.environment.set(EXTENSIONS_VARIABLE, str(folder))  # read by torch's build, here and in child processes
     return folder
 
 
@@ -134,10 +169,12 @@ def export_ranks(cluster_environment: Any) -> None:
     2 tasks on CPU). The cluster environment is what Lightning built the process group from, so
     its view is the one to export.
     """
-    os.environ.update(
-        RANK=str(cluster_environment.global_rank()),
-        LOCAL_RANK=str(cluster_environment.local_rank()),
-        WORLD_SIZE=str(cluster_environment.world_size()),
-        MASTER_ADDR=str(cluster_environment.main_address),
-        MASTER_PORT=str(cluster_environment.main_port),
+    _run.environment.update(
+        {
+            "RANK": str(cluster_environment.global_rank()),
+            "LOCAL_RANK": str(cluster_environment.local_rank()),
+            "WORLD_SIZE": str(cluster_environment.world_size()),
+            "MASTER_ADDR": str(cluster_environment.main_address),
+            "MASTER_PORT": str(cluster_environment.main_port),
+        }
     )

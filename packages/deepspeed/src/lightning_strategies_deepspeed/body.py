@@ -14,12 +14,13 @@ with ``precision`` named ``precision_plugin``, as each entry point's ``DDPStrate
 from __future__ import annotations
 
 import logging
-import os
+import weakref
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
+from lightning.fabric.accelerators import Accelerator
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.precision import Precision
@@ -30,7 +31,7 @@ from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import export_ranks, import_deepspeed
+from lightning_strategies_deepspeed.backend import begin_run, export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
@@ -57,6 +58,7 @@ class _ParallelStrategy(Protocol):
     cluster_environment: ClusterEnvironment | None
     _process_group_backend: str | None
     _config_completed: bool
+    _end_run: weakref.finalize | None
 
     @property
     def root_device(self) -> torch.device: ...
@@ -89,10 +91,12 @@ class DeepSpeedBody(LightningAttributesMixin):
 
     # The keyword each entry point's DDPStrategy takes the precision plugin by: "precision_plugin" or "precision".
     precision_keyword: ClassVar[str]
+    # Undoes what the run under way changed in the process; set at set-up, before which there is nothing to undo.
+    _end_run: weakref.finalize | None = None
 
     def __init__(
         self,
-        accelerator: Any = None,
+        accelerator: Accelerator | None = None,
         zero_optimization: bool = True,
         stage: int = 2,
         remote_device: str | None = None,
@@ -120,8 +124,8 @@ class DeepSpeedBody(LightningAttributesMixin):
         allgather_bucket_size: int = 200_000_000,
         reduce_bucket_size: int = 200_000_000,
         zero_allow_untested_optimizer: bool = True,
-        logging_batch_size_per_gpu: str | int = "auto",
-        config: str | os.PathLike | dict[str, Any] | None = None,
+        logging_batch_size_per_gpu: int | Literal["auto"] | None = "auto",
+        config: str | Path | dict[str, Any] | None = None,
         logging_level: int = logging.WARN,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -176,9 +180,17 @@ class DeepSpeedBody(LightningAttributesMixin):
     # -- start-up ----------------------------------------------------------------------------
 
     def setup_environment(self: _ParallelStrategy) -> None:
+        # What the run changes in the process is undone at teardown; Fabric never tears its strategy down,
+        # so there it is undone once the strategy is gone (or the next run begins).
+        self._end_run = weakref.finalize(self, begin_run().undo)
         # Before anything else imports deepspeed: its accelerator follows Lightning's device.
         import_deepspeed(self.root_device.type, self.parameters["logging_level"])
         super().setup_environment()  # type: ignore[misc]
+
+    def teardown(self: _ParallelStrategy) -> None:
+        super().teardown()  # type: ignore[misc]
+        if self._end_run is not None:
+            self._end_run()
 
     def _check_devices(self: _ParallelStrategy) -> None:
         assert self.parallel_devices is not None

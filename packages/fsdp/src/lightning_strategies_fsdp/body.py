@@ -32,7 +32,19 @@ from lightning_strategies.checkpoints import recover_before_load
 from lightning_strategies.hugging_face import deferred_pretrained_loading
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.lightning_attributes import LightningAttributesMixin
-from lightning_strategies_fsdp.options import STATE_DICT_TYPES, STRATEGY, parse_options
+from lightning_strategies_fsdp.options import (
+    STATE_DICT_TYPES,
+    STRATEGY,
+    BackwardPrefetchName,
+    CpuOffload,
+    DeviceMeshShape,
+    MixedPrecisionSettings,
+    ModuleClasses,
+    ShardingStrategyName,
+    StateDictType,
+    WrapPolicy,
+    parse_options,
+)
 from lightning_strategies_fsdp.process_group import ProcessGroupMixin
 from lightning_strategies_fsdp.sharding import refuse_loads_into_meta, set_gradient_sync, shard_model
 
@@ -68,19 +80,20 @@ class FSDP2Body(LightningAttributesMixin, ProcessGroupMixin):
         precision: Precision | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
-        auto_wrap_policy: Any = None,
-        cpu_offload: Any = False,
-        mixed_precision: Any = None,
-        sharding_strategy: Any = "FULL_SHARD",
-        backward_prefetch: Any = None,
+        auto_wrap_policy: WrapPolicy | None = None,
+        cpu_offload: CpuOffload | None = False,
+        mixed_precision: MixedPrecisionSettings | None = None,
+        sharding_strategy: ShardingStrategyName = "FULL_SHARD",
+        backward_prefetch: BackwardPrefetchName | None = None,
         forward_prefetch: bool = False,
         limit_all_gathers: bool = True,
         use_orig_params: bool = True,
         param_init_fn: Callable[[torch.nn.Module], None] | None = None,
         sync_module_states: bool = False,
-        activation_checkpointing_policy: Any = None,
-        device_mesh: Any = None,
-        state_dict_type: str = "sharded",
+        activation_checkpointing: ModuleClasses | None = None,
+        activation_checkpointing_policy: WrapPolicy | None = None,
+        device_mesh: DeviceMeshShape | None = None,
+        state_dict_type: StateDictType = "sharded",
         **kwargs: Any,
     ) -> None:
         """``kwargs``: ``fully_shard`` arguments passed through (``shard_placement_fn``, ``ignored_params``), and

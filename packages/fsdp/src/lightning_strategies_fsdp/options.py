@@ -11,15 +11,39 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_deprecation
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffload,
+    CPUOffloadPolicy,
+    MixedPrecision,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    ShardingStrategy,
+)
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
 from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
 STRATEGY = "FSDPStrategy"
+
+# The types the parameters take: Lightning's FSDPStrategy annotations, plus the FSDP2 forms this package also reads,
+# so that LightningCLI (jsonargparse) reads a command line or a YAML file into the objects Lightning's class gets.
+WrapPolicy = set[type[nn.Module]] | Callable[[nn.Module, bool, int], bool] | ModuleWrapPolicy
+ShardingStrategyName = (
+    ShardingStrategy | Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"]
+)
+BackwardPrefetchName = BackwardPrefetch | Literal["BACKWARD_PRE", "BACKWARD_POST"]
+CpuOffload = bool | CPUOffload | OffloadPolicy
+MixedPrecisionSettings = MixedPrecision | MixedPrecisionPolicy | dict[str, Any]
+DeviceMeshShape = tuple[int, int] | DeviceMesh
+StateDictType = Literal["sharded", "full"]
+ModuleClasses = type[nn.Module] | list[type[nn.Module]]
 
 # FSDP1 sharding strategies, and what each means on FSDP2: (mesh layout, reshard after forward).
 # "1d" shards over every process; "hybrid" replicates across nodes and shards inside a node;
@@ -63,6 +87,7 @@ class ShardingOptions:
 def parse_options(
     *,
     auto_wrap_policy: Any,
+    activation_checkpointing: Any,
     activation_checkpointing_policy: Any,
     cpu_offload: Any,
     mixed_precision: Any,
@@ -104,6 +129,9 @@ def parse_options(
             f"not {type(param_init_fn).__name__}."
         )
     check_policy("auto_wrap_policy", auto_wrap_policy)
+    activation_checkpointing_policy = parse_activation_checkpointing(
+        activation_checkpointing, activation_checkpointing_policy
+    )
     check_policy("activation_checkpointing_policy", activation_checkpointing_policy)
     return ShardingOptions(
         sharding_strategy=parse_sharding_strategy(sharding_strategy),
@@ -221,6 +249,23 @@ def parse_device_mesh(value: Any) -> Any:
         f"{STRATEGY}(device_mesh={value!r}) must be a (number of replicas, shard group size) tuple of "
         "positive ints or a torch.distributed.device_mesh.DeviceMesh."
     )
+
+
+def parse_activation_checkpointing(classes: Any, policy: Any) -> Any:
+    """Lightning's deprecated ``activation_checkpointing`` (module classes) as the policy it stands for, in Lightning's
+    words."""
+    if classes is None:
+        return policy
+    if policy is not None:
+        raise ValueError(
+            "You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the latter."
+        )
+    kinds = set(classes) if isinstance(classes, list) else {classes}
+    rank_zero_deprecation(
+        f"`{STRATEGY}(activation_checkpointing={classes})` is deprecated, use "
+        f"`{STRATEGY}(activation_checkpointing_policy={kinds})` instead."
+    )
+    return kinds
 
 
 def check_policy(parameter: str, policy: Any) -> None:

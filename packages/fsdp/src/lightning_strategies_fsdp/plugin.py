@@ -67,6 +67,8 @@ PARAMETERS: dict[str, str] = {
     "initialize its materialized parameters; None: the module's reset_parameters.",
     "sync_module_states": "FSDP1: sync_module_states. On FSDP2: every process starts from rank 0's parameters "
     "and buffers, broadcast after sharding.",
+    "activation_checkpointing": "Deprecated in Lightning: module classes whose activations are recomputed in "
+    "backward; warns and becomes activation_checkpointing_policy={those classes}.",
     "activation_checkpointing_policy": "Which modules recompute their activations in backward: a set of module "
     "classes or a wrap policy.",
     "device_mesh": "(replicas, shard size) for HYBRID_SHARD, or a ready DeviceMesh; FSDP1's process_group "

@@ -11,18 +11,21 @@ tests/test_trainer_fabric_agree.py holds the two signatures in agreement.
 
 from __future__ import annotations
 
-import os
+import weakref
 from collections.abc import Generator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+from lightning.fabric.accelerators import Accelerator
+from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.plugins.precision import Precision
 from lightning.fabric.utilities.types import _PATH
 
 from lightning_strategies import check_type
 from lightning_strategies.checkpoints import check_checkpoint_file, recover_before_load
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint
+from lightning_strategies.environment_changes import EnvironmentChanges
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.xla_fsdp_checkpoint import refuse_xla_fsdp_shards
 
@@ -52,19 +55,30 @@ def device_index(device: int | torch.device | None) -> int | None:
     )
 
 
+# What debug=True set in os.environ; put back as it was (a level the user set included) when the run ends.
+_debug_switch = EnvironmentChanges()
+
+
 class DebugSwitchMixin:
-    """``debug=True`` sets torch_xla 2.9's debug level while the strategy runs, and takes it back at teardown."""
+    """``debug=True`` sets torch_xla 2.9's debug level while the strategy runs; teardown puts back what was there
+    (under Fabric, which never tears its strategy down, that happens once the strategy is gone)."""
 
     debug: bool
+    _end_debugging: weakref.finalize | None = None
 
     def _start_debugging(self) -> None:
         if self.debug:
-            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
+            self._switch_debugging_on()
+
+    def _switch_debugging_on(self) -> None:
+        _debug_switch.set(DEBUG_VARIABLE, DEBUG_LEVEL)
+        if self._end_debugging is None or not self._end_debugging.alive:
+            self._end_debugging = weakref.finalize(self, _debug_switch.restore)
 
     def teardown(self) -> None:
         super().teardown()  # type: ignore[misc]
-        if self.debug:
-            os.environ.pop(DEBUG_VARIABLE, None)
+        if self._end_debugging is not None:
+            self._end_debugging()
 
 
 class LaunchedDeviceMixin:
@@ -110,9 +124,9 @@ class XLABody(LaunchedDeviceMixin):
 
     def __init__(
         self,
-        accelerator: Any = None,
+        accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
-        checkpoint_io: Any = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         debug: bool = False,
         sync_module_states: bool = True,
@@ -138,8 +152,8 @@ class SingleDeviceXLABody(OneDeviceMixin):
     def __init__(
         self,
         device: int | torch.device | None = None,
-        accelerator: Any = None,
-        checkpoint_io: Any = None,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         debug: bool = False,
     ) -> None:

@@ -11,7 +11,6 @@ Fabric strategies is in ``body``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -27,8 +26,6 @@ from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_xla.body import (
-    DEBUG_LEVEL,
-    DEBUG_VARIABLE,
     DebugSwitchMixin,
     OneFileCheckpointsMixin,
     SingleDeviceXLABody,
@@ -49,7 +46,7 @@ class _CurrentXLAMixin(OneFileCheckpointsMixin, DebugSwitchMixin, OwnPrecisionMi
         # Lightning's setup would set PT_XLA_DEBUG, which torch_xla 2.9 reads only when imported.
         requested, self.debug = self.debug, False
         if requested:
-            os.environ[DEBUG_VARIABLE] = DEBUG_LEVEL
+            self._switch_debugging_on()
         try:
             super().setup(trainer)  # type: ignore[misc]
         finally:

@@ -37,20 +37,34 @@ def staged_save(
     ``path`` once all ranks are done.
 
     Every rank enters and leaves together (``barrier`` is the strategy's). If the body raises,
-    nothing is published and the previous checkpoint stays as it was. A remote URL is yielded
-    as it is: object stores publish an object whole when it is closed, and have no rename.
+    nothing is published and the previous checkpoint stays as it was; rank 0 removes the staged files
+    and every folder the save created, so the folder is left as the save found it. Where other ranks
+    are still writing (or only another rank failed), what they leave is cleared by the next save. A
+    remote URL is yielded as it is: object stores publish an object whole when it is closed, and
+    have no rename.
     """
     if not is_local(path):
         yield path
         return
     target = Path(path)
     staged = staging_path(target)
+    created: list[Path] = []
     if is_global_zero:
         recover(target)
         _remove_tree(staged)  # left by a save that was killed
-        staged.parent.mkdir(parents=True, exist_ok=True)
+        created = _make_folders(staged.parent)
     barrier()
-    yield staged
+    try:
+        yield staged
+    except BaseException:
+        if is_global_zero:
+            # Other ranks may still be writing into it (a save failing on every rank): whatever cannot be removed
+            # now, the next save clears; the error the user sees stays the save's own.
+            with contextlib.suppress(OSError):
+                _remove_tree(staged)
+                for folder in reversed(created):
+                    _remove_if_empty(folder)
+        raise
     barrier()
     if is_global_zero:
         publish(staged, target)
@@ -152,6 +166,18 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the ones created, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    missing.reverse()
+    for each in missing:
+        each.mkdir(exist_ok=True)
+    return missing
 
 
 def _remove_if_empty(folder: Path) -> None:
