@@ -1,4 +1,5 @@
-"""GPU tier: real Gemini training through the Trainer (one GPU; two GPUs through a launched script)."""
+"""GPU tier: real Gemini training through the Trainer (one GPU; the machine's several GPUs through launched
+scripts: ``min(4, torch.cuda.device_count())``, 2 on a two-GPU machine and 4 on a four-GPU one)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ SMALL_CHUNKS = 2**16
 # How far the loss must fall in 8 steps on TinyGPT's counting data: fp32 Adam on CPU takes it from 6.39 to 5.19,
 # and fp16's first steps may be skipped while the loss scale settles.
 LEARNED = 0.2
+SEVERAL = min(4, torch.cuda.device_count())  # the GPUs the multi-GPU tests train on
+# Every name trains, saves and resumes on the several GPUs in one launch (gpu_scripts/several_gpus.py), each with
+# a checkpoint format and precision: both formats for the "auto" placement (16-mixed, as the one-GPU resume test).
+SEVERAL_GPU_RUNS = {
+    "colossalai_cuda": {"state_dict_type": "full", "precision": "16-mixed"},
+    "colossalai_cpu": {"state_dict_type": "sharded", "precision": "bf16-mixed"},
+    "colossalai": {"state_dict_type": "sharded", "precision": "16-mixed"},
+    "colossalai_auto": {"state_dict_type": "full", "precision": "16-mixed"},
+}
+PLACEMENTS = {"colossalai_cuda": "cuda", "colossalai_cpu": "cpu", "colossalai": "auto", "colossalai_auto": "auto"}
 
 
 def offloading_strategy(**kwargs):
@@ -47,6 +58,18 @@ def optimizer_state_devices(trainer) -> set[str]:
 
 def gpus(count: int):
     return pytest.mark.skipif(torch.cuda.device_count() < count, reason=f"needs {count} CUDA GPU(s)")
+
+
+def launch(script: str, *arguments: str, timeout: int) -> tuple[int, str]:
+    """Run a gpu_scripts script on the several GPUs: its exit code, and the tail of its output for messages."""
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=fresh_launch_environment(),  # the one-GPU tests left their rendezvous in os.environ
+    )
+    return completed.returncode, f"exit {completed.returncode}\n{completed.stdout[-3000:]}\n{completed.stderr[-6000:]}"
 
 
 def make_trainer(strategy, precision, tmp_path, **kwargs):
@@ -292,50 +315,61 @@ def test_save_failing_half_way_keeps_the_previous_checkpoint_loadable(tmp_path, 
         torch.testing.assert_close(master_weights(resumed)[key], value, rtol=0, atol=0)
 
 
-@gpus(2)
-@pytest.mark.parametrize(
-    ("state_dict_type", "placement", "precision"),
-    [("full", "cuda", "16-mixed"), ("sharded", "cpu", "bf16-mixed")],
-)
-def test_two_gpus_train_and_resume(tmp_path, state_dict_type, placement, precision):
-    subprocess.run(
-        [sys.executable, str(SCRIPTS / "two_gpus.py"), str(tmp_path), state_dict_type, placement, precision],
-        check=True,
-        timeout=900,
-        env=fresh_launch_environment(),  # the one-GPU tests above left their rendezvous in os.environ
-    )
-    result = json.loads((tmp_path / "result.json").read_text())
+def test_several_gpu_runs_cover_every_registered_name():
+    from lightning_strategies_colossalai.plugin import _NAMES
+
+    assert sorted(SEVERAL_GPU_RUNS) == sorted(PLACEMENTS) == sorted(_NAMES)
+
+
+@pytest.fixture(scope="module")
+def several_gpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, dict], str]:
+    """One launch in which every name trains, saves and resumes on the several GPUs: results by name."""
+    if SEVERAL < 2:
+        pytest.skip("needs 2 or more CUDA GPUs")
+    out = tmp_path_factory.mktemp("several-gpus")
+    _, output = launch("several_gpus.py", str(out), str(SEVERAL), json.dumps(SEVERAL_GPU_RUNS), timeout=900)
+    assert (out / "results.json").is_file(), f"no results:\n{output}"  # written after each name
+    return json.loads((out / "results.json").read_text()), output
+
+
+@pytest.mark.parametrize("name", list(SEVERAL_GPU_RUNS))
+def test_several_gpus_every_name_trains_saves_and_resumes(several_gpus, tmp_path, name):
+    results, output = several_gpus
+    assert name in results, f"{name} did not run; ran: {sorted(results)}\n{output}"
+    result = results[name]
+    assert "error" not in result, result.get("traceback", result.get("error"))
+    state_dict_type, precision = SEVERAL_GPU_RUNS[name]["state_dict_type"], SEVERAL_GPU_RUNS[name]["precision"]
+    assert result["placement_policy"] == PLACEMENTS[name]
+    assert result["world_size"] == SEVERAL
     assert result["finite"] and len(result["losses"]) == 6
-    assert result["gathered_ranks"] == [0.0, 1.0]
+    assert result["gathered_ranks"] == [float(rank) for rank in range(SEVERAL)]
     assert result["checkpoint_is_folder"] == (state_dict_type == "sharded")
     assert result["global_step"] == 6
     assert result["failed_save_kept_previous"]
     assert result["resumed_equal"], result["max_difference"]
 
-    # Saved on two GPUs, loaded on one: both formats hold whole tensors, so the world size may change.
+    # Saved on several GPUs, loaded on one: both formats hold whole tensors, so the world size may change.
     from tiny_gpt import TinyGPT
 
     from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
+    checkpoint = Path(result["checkpoint"])
     strategy = ColossalAIStrategy(placement_policy="cuda", state_dict_type=state_dict_type)
     one = make_trainer(strategy, precision, tmp_path, logger=False, max_steps=-1, max_epochs=1, limit_train_batches=3)
-    one.fit(TinyGPT(), ckpt_path=tmp_path / f"half-{state_dict_type}.ckpt")  # that epoch is done: restores only
-    saved = torch.load(tmp_path / "saved_weights.pt", weights_only=True)
+    one.fit(TinyGPT(), ckpt_path=checkpoint)  # that epoch is done: restores only
+    saved = torch.load(checkpoint.parent / "saved_weights.pt", weights_only=True)
     loaded = master_weights(one)
     for key, value in saved.items():
         torch.testing.assert_close(loaded[key].cpu(), value, rtol=0, atol=0)
 
 
-@gpus(2)
-def test_two_gpus_clipping_with_cpu_chunks_matches_chunks_on_the_gpu(tmp_path):
+@pytest.mark.skipif(SEVERAL < 2, reason="needs 2 or more CUDA GPUs")
+def test_several_gpus_clipping_with_cpu_chunks_matches_chunks_on_the_gpu(tmp_path):
     """colossalai_cpu clips to the same total norm as the placement that keeps every chunk on the GPU."""
-    subprocess.run(
-        [sys.executable, str(SCRIPTS / "clipping.py"), str(tmp_path)],
-        check=True,
-        timeout=600,
-        env=fresh_launch_environment(),
-    )
+    code, output = launch("clipping.py", str(tmp_path), str(SEVERAL), timeout=600)
+    assert code == 0, output
     result = json.loads((tmp_path / "clipping.json").read_text())
+    assert result["world_size"] == SEVERAL
     stepped = [norm for norm in result["cuda"] if norm is not None]  # fp16 may skip the first steps
     assert len(stepped) >= 2 and all(norm > result["clip"] for norm in stepped)  # every step really clipped
     assert [norm is None for norm in result["cpu"]] == [norm is None for norm in result["cuda"]]

@@ -133,6 +133,7 @@ def perform(run: dict, folder: Path) -> dict:
     first, last = sum(model.losses[:3]) / 3, sum(model.losses[-3:]) / 3
     result = {"first_loss": first, "last_loss": last, "finite": all(map(math.isfinite, model.losses)),
               "deepspeed_accelerator": get_accelerator().device_name(), "grad_norms": norms.norms,
+              "world_size": trainer.world_size,
               "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
               "gradient_slots": gradient_slots(trainer.strategy.model.optimizer)}  # fmt: skip
     if run.get("resume"):
@@ -141,6 +142,7 @@ def perform(run: dict, folder: Path) -> dict:
         result["saved_tag_file"] = (checkpoint / "latest").is_file()
         resumed, resumed_model, _ = fit(run, str(folder), 2 * steps, ckpt_path=str(checkpoint))
         result["resumed_global_step"], result["resumed_steps_run"] = resumed.global_step, len(resumed_model.losses)
+        result["resumed_world_size"] = resumed.world_size
         result["resumed_last_loss"] = sum(resumed_model.losses[-3:]) / 3
         result["resumed_gradient_slots"] = gradient_slots(resumed.strategy.model.optimizer)
         result["test_loss"] = float(resumed.test(resumed_model, DataLoader(Tokens(256, 64, 64), batch_size=8),

@@ -1,5 +1,6 @@
-"""GPU tier: every name trains a small GPT on one GPU and on two, a new Trainer in the same processes
-resumes and tests each, and clipping by norm is the same with offload as without.
+"""GPU tier: every name trains a small GPT on one GPU and on the machine's several GPUs
+(``min(4, torch.cuda.device_count())``: 2 on a two-GPU machine, 4 on a four-GPU one), a new Trainer in the
+same processes resumes and tests each, and clipping by norm is the same with offload as without.
 
 Runs are grouped into one launch per device count (gpt_script.py), so the tier pays once for
 importing DeepSpeed and joining NCCL; each test reads its own run's results. Run on the GPU machine:
@@ -22,6 +23,7 @@ from lightning_strategies_deepspeed.plugin import NAMES
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
 GPUS = torch.cuda.device_count()
+SEVERAL = min(4, GPUS)  # the GPUs the multi-GPU runs train on
 CLIP = 0.5  # below the tiny GPT's early gradient norms, so clipping acts
 # NVMe names last: where libaio is missing they fail in set-up, and a failed set-up must not be
 # what the other runs in the same processes come after.
@@ -84,13 +86,19 @@ def one_gpu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return launch(tmp_path_factory.mktemp("one-gpu"), runs, environment)
 
 
+def several_gpu_runs(devices: int) -> list[dict]:
+    """The runs of the several-GPU launch: clipping with and without offload, then every name fits, saves and
+    resumes."""
+    runs = [{"strategy": name, "devices": devices, "clip": CLIP} for pair in OFFLOAD_PAIRS for name in pair]
+    runs += [{"strategy": name, "devices": devices, "resume": True} for name in ORDERED_NAMES]
+    return runs
+
+
 @pytest.fixture(scope="module")
-def two_gpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    if GPUS < 2:
-        pytest.skip("needs two CUDA GPUs")
-    runs = [{"strategy": name, "devices": 2, "clip": CLIP} for pair in OFFLOAD_PAIRS for name in pair]
-    runs += [{"strategy": name, "devices": 2, "resume": True} for name in ORDERED_NAMES]
-    return launch(tmp_path_factory.mktemp("two-gpus"), runs)
+def several_gpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    if SEVERAL < 2:
+        pytest.skip("needs 2 or more CUDA GPUs")
+    return launch(tmp_path_factory.mktemp("several-gpus"), several_gpu_runs(SEVERAL))
 
 
 @pytest.mark.parametrize("name", list(NAMES))
@@ -127,19 +135,22 @@ def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(on
 
 
 @pytest.mark.parametrize("name", list(NAMES))
-def test_two_gpus_every_name_fits_then_a_new_trainer_resumes_and_tests(two_gpus, name):
+def test_several_gpus_every_name_fits_then_a_new_trainer_resumes_and_tests(several_gpus, name):
     if "nvme" in name and not libaio_available():
-        return expect_missing_libaio(two_gpus[f"{name}-2gpu-bf16-mixed"])
-    result = succeeded(two_gpus, f"{name}-2gpu-bf16-mixed")
+        return expect_missing_libaio(several_gpus[f"{name}-{SEVERAL}gpu-bf16-mixed"])
+    result = succeeded(several_gpus, f"{name}-{SEVERAL}gpu-bf16-mixed")
+    assert result["world_size"] == result["resumed_world_size"] == SEVERAL
     assert result["saved_tag_file"] and (result["resumed_global_step"], result["resumed_steps_run"]) == (20, 10)
     assert result["resumed_last_loss"] < result["first_loss"] and result["test_loss"] < result["first_loss"]
 
 
 @pytest.mark.parametrize(("plain", "offloaded"), OFFLOAD_PAIRS)
-def test_two_gpus_clipping_with_offload_sees_the_same_total_norm(two_gpus, plain, offloaded):
+def test_several_gpus_clipping_with_offload_sees_the_same_total_norm(several_gpus, plain, offloaded):
     """Clipping acts on the global norm; offloading the optimizer to the CPU must not change it."""
-    without = succeeded(two_gpus, f"{plain}-2gpu-bf16-mixed-clip{CLIP}")["grad_norms"]
-    with_offload = succeeded(two_gpus, f"{offloaded}-2gpu-bf16-mixed-clip{CLIP}")["grad_norms"]
+    without = succeeded(several_gpus, f"{plain}-{SEVERAL}gpu-bf16-mixed-clip{CLIP}")
+    with_offload = succeeded(several_gpus, f"{offloaded}-{SEVERAL}gpu-bf16-mixed-clip{CLIP}")
+    assert without["world_size"] == with_offload["world_size"] == SEVERAL
+    without, with_offload = without["grad_norms"], with_offload["grad_norms"]
     assert len(without) == len(with_offload) == 10
     assert without[0] > CLIP  # clipping acted
     # The first step's gradients come from identical weights; later ones drift with bf16 rounding.

@@ -1,6 +1,7 @@
-"""Gradient clipping by norm with chunks on the GPU and with chunks offloaded to the CPU, on two GPUs.
+"""Gradient clipping by norm with chunks on the GPU and with chunks offloaded to the CPU, on several GPUs.
 
-Usage: python clipping.py OUT_FOLDER   (run by tests/test_gpu.py; Lightning launches rank 1)
+Usage: python clipping.py OUT_FOLDER [DEVICES]   (run by tests/test_gpu.py; Lightning launches the other ranks;
+DEVICES defaults to 2)
 Rank 0 writes OUT_FOLDER/clipping.json: per placement the total gradient norm Gemini clipped each step, and
 whether the fp32 master weights after clipping agree between the placements (and differ from no clipping).
 """
@@ -16,8 +17,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, str(Path(__file__).parent))
+from several_gpus import SMALL_CHUNKS, full_weights
 from tiny_gpt import TinyGPT
-from two_gpus import SMALL_CHUNKS, full_weights
 
 from lightning_strategies_colossalai.strategy import ColossalAIStrategy
 
@@ -50,13 +51,13 @@ class GeminiNorms(Callback):
         self.norms.append(None if norm is None else norm / optimizer.mix_precision_mixin.loss_scale)
 
 
-def run(out: Path, placement: str, clip: float | None) -> tuple[list[float | None], dict]:
+def run(out: Path, placement: str, clip: float | None, devices: int) -> tuple[list[float | None], dict]:
     L.seed_everything(7)
     chunks = {"min_chunk_size": SMALL_CHUNKS} if placement == "cpu" else {}
     norms = GeminiNorms()
     trainer = L.Trainer(
         accelerator="cuda",
-        devices=2,
+        devices=devices,
         precision="16-mixed",  # bf16 clipping with CPU chunks is refused (refusals.CPU_BF16_CLIP_REASON)
         max_steps=6,
         gradient_clip_val=clip,
@@ -78,12 +79,14 @@ def largest_difference(first: dict, second: dict) -> float:
 
 def main() -> None:
     out = Path(sys.argv[1])
-    on_gpu_norms, on_gpu = run(out, "cuda", CLIP)
-    offloaded_norms, offloaded = run(out, "cpu", CLIP)
-    _, unclipped = run(out, "cpu", None)
+    devices = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    on_gpu_norms, on_gpu = run(out, "cuda", CLIP, devices)
+    offloaded_norms, offloaded = run(out, "cpu", CLIP, devices)
+    _, unclipped = run(out, "cpu", None, devices)
     if torch.distributed.get_rank() == 0:
         result = {
             "clip": CLIP,
+            "world_size": torch.distributed.get_world_size(),
             "cuda": on_gpu_norms,
             "cpu": offloaded_norms,
             "placements_differ_by": largest_difference(on_gpu, offloaded),

@@ -76,7 +76,9 @@ class TinyGPT(L.LightningModule):
         return optimizer_class(self.parameters(), lr=self.lr)
 
     def train_dataloader(self):
-        return DataLoader(Tokens(64), batch_size=8)
+        # 64 sequences on one or two GPUs (8 or 4 batches per rank), 32 per rank beyond: the several-GPU runs'
+        # epochs of 3 batches need at least 3 batches on every rank.
+        return DataLoader(Tokens(max(64, 32 * self.trainer.world_size)), batch_size=8)
 
     def val_dataloader(self):
         return DataLoader(Tokens(16, seed=1), batch_size=8)

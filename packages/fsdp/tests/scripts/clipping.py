@@ -1,6 +1,7 @@
 """Gradient clipping by norm with and without CPU offload: the same norms, the same weights.
 
-Lightning launches the second process by re-running this command line. Rank 0 writes OUT/clipping.json.
+Lightning launches the other processes by re-running this command line; how many comes from
+FSDP_SCENARIO_DEVICES (scenarios.py). Rank 0 writes OUT/clipping.json.
 
     python clipping.py OUT_DIR
 """
@@ -62,7 +63,8 @@ def main() -> None:
     )
     if torch.distributed.get_rank() == 0:
         result = {name: {"before": run["before"], "after": run["after"]} for name, run in runs.items()}
-        result.update(clip=CLIP, weights_close=weights_close, backend=torch.distributed.get_backend())
+        result.update(clip=CLIP, weights_close=weights_close, backend=torch.distributed.get_backend(),
+                      world_size=torch.distributed.get_world_size())  # fmt: skip
         (out / "clipping.json").write_text(json.dumps(result, indent=1))
 
 

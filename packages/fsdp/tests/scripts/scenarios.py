@@ -1,7 +1,8 @@
 """Real FSDP2 training on CPU processes, grouped so one launch of 2 processes covers many cases.
 
-Lightning launches the second process by re-running this command line, so every group is a
+Lightning launches the other processes by re-running this command line, so every group is a
 script run. Each scenario writes a JSON result (rank 0) into OUT_DIR; the tests assert on it.
+FSDP_SCENARIO_DEVICES sets how many processes (2 by default; the GPU tier runs up to 4 GPUs).
 
     python scenarios.py GROUP OUT_DIR [--devices N] [--checkpoint PATH]
 """
@@ -32,6 +33,8 @@ from lightning_strategies.testing import QUIET_TRAINER
 WIDTH = 16
 # The GPU tier runs the same groups on CUDA devices.
 ACCELERATOR = os.environ.get("FSDP_SCENARIO_ACCELERATOR", "cpu")
+# Processes (devices) per launch: the CPU tier's 2, or the GPU machine's several GPUs (up to 4).
+DEVICES = int(os.environ.get("FSDP_SCENARIO_DEVICES", "2"))
 NAMES = ("fsdp", "fsdp_cpu_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_no_shard")
 
 
@@ -120,13 +123,13 @@ def loader(samples: int = 32) -> DataLoader:
 
 
 def one_batch_loader() -> DataLoader:
-    """One step per epoch on 2 processes, so every step sees the same data however Lightning's loops
+    """One step per epoch on 2 or 4 processes, so every step sees the same data however Lightning's loops
     count batches on resume (a plain DataLoader restarts its epoch; resuming at an epoch boundary
     Lightning ran one extra batch of the finished epoch, seen while writing these tests)."""
     return loader(samples=8)
 
 
-def trainer(strategy: Any, steps: int, devices: int = 2, **kwargs: Any) -> pl.Trainer:
+def trainer(strategy: Any, steps: int, devices: int = DEVICES, **kwargs: Any) -> pl.Trainer:
     options = dict(accelerator=ACCELERATOR, devices=devices, strategy=strategy, max_steps=steps, **QUIET_TRAINER)
     options.update(gradient_clip_val=1.0, limit_val_batches=2, enable_checkpointing=False, deterministic=True)
     options.update(kwargs)
@@ -182,7 +185,11 @@ def equal_weights(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor
 def group_names(results: Results, args: argparse.Namespace) -> None:
     """Every registered name: fit, sharded checkpoint, resume in a new Trainer, full export."""
     variants = [(name, name, {}) for name in NAMES]
-    variants.append(("fsdp_hybrid_shard_2x1", "fsdp_hybrid_shard", {"device_mesh": (2, 1)}))
+    # One node: the default mesh is 1 replica x DEVICES shards. Also 2 replicas of DEVICES // 2 shards:
+    # 2x1 on 2 processes, a real 2x2 replicate x shard mesh on 4.
+    replicas = 2 if DEVICES % 2 == 0 else DEVICES
+    mesh = (replicas, DEVICES // replicas)
+    variants.append((f"fsdp_hybrid_shard_{mesh[0]}x{mesh[1]}", "fsdp_hybrid_shard", {"device_mesh": mesh}))
     for label, name, kwargs in variants:
         pl.seed_everything(7)
         module = TinyTransformer()
@@ -456,7 +463,7 @@ def fabric_steps(fabric: Any, model: nn.Module, optimizer: Any, x: torch.Tensor,
 def group_fabric(results: Results, args: argparse.Namespace) -> None:
     from lightning.fabric import Fabric
 
-    fabric = Fabric(accelerator=ACCELERATOR, devices=2, strategy="fsdp")
+    fabric = Fabric(accelerator=ACCELERATOR, devices=DEVICES, strategy="fsdp")
     fabric.launch()
     fabric.seed_everything(7)
     model = fabric.setup(Block())
@@ -533,6 +540,7 @@ def group_fabric(results: Results, args: argparse.Namespace) -> None:
             "optimizer_state_loaded": len(restored_optimizer.state) > 0,
             "checkpoint_is_folder": path.is_dir(),
             "failed_save_error": save_error,
+            "world_size": fabric.world_size,
         },
     )
 
@@ -682,7 +690,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("group", choices=sorted(GROUPS))
     parser.add_argument("out", type=Path)
-    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--devices", type=int, default=DEVICES)
     parser.add_argument("--checkpoint")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
