@@ -1,4 +1,4 @@
-"""The `lightning-strategies` command: list, info, doctor, check and plan.
+"""The `lightning-strategies` command: list, info, doctor, check, plan and export.
 
 `list` and `info` read metadata only: they import no backend and no strategy module.
 """
@@ -241,6 +241,25 @@ def _check_devices(accelerator: str, devices: int) -> None:
             )
 
 
+def command_export(arguments: argparse.Namespace) -> int:
+    """Any strategy's checkpoint as a Hugging Face folder (or a PEFT adapter), which from_pretrained loads."""
+    from lightning_strategies.errors import CheckpointError
+    from lightning_strategies.hugging_face import export
+
+    try:
+        written = export(
+            arguments.checkpoint, arguments.out, config=arguments.config, prefix=arguments.prefix,
+            weights_only=arguments.weights_only, max_shard_size=arguments.max_shard_size,
+        )  # fmt: skip
+    except CheckpointError as error:
+        print(f"error: {error}", file=sys.stderr)
+        if "weights_only" in str(error):
+            print("With this command: add --no-weights-only, for a checkpoint you trust.", file=sys.stderr)
+        return 2
+    print(f"wrote {written}: load it with from_pretrained({str(written)!r})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-strategies",
@@ -274,7 +293,30 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=900, help="seconds before all ranks are killed")
     check.set_defaults(handler=command_check)
     _add_plan_parser(commands)
+    _add_export_parser(commands)
     return parser
+
+
+def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+    exporting = commands.add_parser(
+        "export", help="a checkpoint of any strategy as a Hugging Face folder that from_pretrained loads"
+    )
+    exporting.add_argument(
+        "checkpoint", help="what a strategy saved: a DCP folder, a ZeRO folder, Gemini shards, a file"
+    )
+    exporting.add_argument("out", help="the folder to write (it must not exist)")
+    exporting.add_argument(
+        "--config", help="a folder with the model's config.json, for checkpoints saved without a record of the model"
+    )
+    exporting.add_argument("--prefix", help="the LightningModule attribute holding the model, where there are several")
+    exporting.add_argument(
+        "--weights-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read pickled data as torch.load(weights_only=...) does (default: torch's default, True)",
+    )
+    exporting.add_argument("--max-shard-size", default="5GB", help="the largest safetensors file written")
+    exporting.set_defaults(handler=command_export)
 
 
 def _add_plan_parser(commands: argparse._SubParsersAction) -> None:

@@ -300,6 +300,7 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
         raise TypeError(f"{cls.__name__}.from_pretrained({source!r}, {what}...) inside configure_model under "
                         f"strategy={strategy!r}: {reason}.")  # fmt: skip
     hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
+    _refuse_missing_folder(source)
     ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
     for ignored in ("use_safetensors", "weights_only", "disable_mmap", "low_cpu_mem_usage", "_from_auto",
                     "_from_pipeline", "trust_remote_code", "adapter_kwargs", "key_mapping"):  # fmt: skip
@@ -319,6 +320,17 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
     _pending[model] = match_names(model, files, source, ignore_mismatched)
     model.eval()  # as from_pretrained returns it
     return model
+
+
+def _refuse_missing_folder(source: str) -> None:
+    """A path that names no folder, told as such (a hub id is ``name`` or ``owner/name``; transformers would try it
+    as one and answer about repository names)."""
+    looks_local = os.path.isabs(source) or source.startswith((".", "~")) or source.count("/") > 1
+    if looks_local and not Path(source).expanduser().exists():
+        raise CheckpointError(
+            f"from_pretrained({source!r}): there is no such folder. Pass the folder save_pretrained wrote (it holds "
+            "config.json and the safetensors files), or a model id of the hub."
+        )
 
 
 def _first_floating_dtype(files: dict[str, Path]) -> Any:

@@ -1,0 +1,162 @@
+"""Hugging Face models in one process: from_pretrained deferred and read back, what bad input is told, export.
+
+Real transformers models (tiny Llama and BERT), no process group: the strategies' own tests train them on several
+processes (packages/fsdp, packages/deepspeed) and build them lazily (packages/colossalai-gemini).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from lightning_strategies import CheckpointError  # noqa: E402
+from lightning_strategies import hugging_face as hf  # noqa: E402
+from lightning_strategies.cli import main as cli  # noqa: E402
+from lightning_strategies.conformance import hugging_face as conformance  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama saved with save_pretrained (a few training steps into its task)."""
+    return conformance.write_pretrained(tmp_path_factory.mktemp("pretrained"), "llama")
+
+
+def built_deferred(source: Path, **kwargs) -> torch.nn.Module:
+    """from_pretrained inside the deferred context on the meta device, then read back whole in one process."""
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    model.to_empty(device="cpu")
+    hf.initialize(model, list(model.modules()))
+    with torch.no_grad():
+        hf.load_pending(model, lambda name, tensor, weights, original: tensor.copy_(weights.read(original)))
+    return model
+
+
+def test_deferred_from_pretrained_reads_every_weight_of_the_file(saved: Path) -> None:
+    model = built_deferred(saved)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    for name, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert model.name_or_path == str(saved) and not model.training  # as from_pretrained returns it
+
+
+def test_a_shard_reads_only_its_rows(saved: Path) -> None:
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    ((prefix, _, weights),) = hf.pending_weights(model)
+    assert prefix == ""  # the model is the root
+    whole = weights.read("model.embed_tokens.weight")
+    assert torch.equal(weights.read("model.embed_tokens.weight", (slice(32, 64),)), whole[32:64])
+    assert hf.pending_weights(model) == []  # handed out once
+
+
+def test_the_patch_on_transformers_lasts_as_long_as_the_context(saved: Path) -> None:
+    original = transformers.PreTrainedModel.__dict__["from_pretrained"]
+    with pytest.raises(RuntimeError, match="inside"), hf.deferred_pretrained_loading("test"):
+        assert transformers.PreTrainedModel.__dict__["from_pretrained"] is not original
+        raise RuntimeError("inside")
+    assert transformers.PreTrainedModel.__dict__["from_pretrained"] is original
+    assert transformers.PreTrainedModel.__dict__["init_weights"].__qualname__ == "PreTrainedModel.init_weights"
+
+
+def test_a_missing_folder_is_refused_with_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the model's own class (the Auto classes read the config first, and transformers answers there)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    refused = pytest.raises(CheckpointError, match=r"no-such-model'\): there is no such folder.*save_pretrained")
+    with refused, hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        transformers.LlamaForCausalLM.from_pretrained(tmp_path / "no-such-model")
+
+
+def test_a_half_written_checkpoint_is_refused_before_anything_is_built(saved: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "half"
+    folder.mkdir()
+    (folder / "config.json").write_text((saved / "config.json").read_text())
+    # Sharded, with the second shard never written.
+    keys = json.loads(json.dumps(list(transformers.AutoModelForCausalLM.from_pretrained(saved).state_dict())))
+    weight_map = {key: "model-00001-of-00002.safetensors" if i % 2 else "model-00002-of-00002.safetensors"
+                  for i, key in enumerate(keys)}  # fmt: skip
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (folder / "model-00001-of-00002.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
+    with pytest.raises(
+        CheckpointError, match=r"lists 1 file\(s\) that are not there.*model-00002.*Save the model again"
+    ):
+        built_deferred(folder)
+
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    (truncated / "config.json").write_text((saved / "config.json").read_text())
+    (truncated / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"cannot be read.*damaged or was not written to the end"):
+        built_deferred(truncated)
+
+
+def test_pickled_weights_are_refused_with_how_to_convert_them(saved: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "config.json").write_text((saved / "config.json").read_text())
+    torch.save({}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"pytorch_model.bin.*save_pretrained it again"):
+        built_deferred(folder)
+
+
+def test_a_config_that_contradicts_the_checkpoint_is_refused_or_initialised_on_request(saved: Path) -> None:
+    wider = transformers.AutoConfig.from_pretrained(saved)
+    wider.vocab_size = 256
+    with pytest.raises(CheckpointError, match=r"do not fit.*embed_tokens.*\[128, 64\].*ignore_mismatched_sizes=True"):
+        built_deferred(saved, config=wider)
+    model = built_deferred(saved, config=wider, ignore_mismatched_sizes=True)
+    assert model.model.embed_tokens.weight.shape == (256, 64)
+    assert 0.01 < model.model.embed_tokens.weight.std() < 0.04  # drawn as Hugging Face draws it
+
+
+def test_placing_arguments_are_refused_with_the_reason(saved: Path) -> None:
+    with pytest.raises(TypeError, match=r"device_map=.*the strategy places every shard"):
+        built_deferred(saved, device_map="auto")
+
+
+def test_export_writes_a_folder_from_pretrained_loads(saved: Path, tmp_path: Path) -> None:
+    reference = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    checkpoint = tmp_path / "lightning.ckpt"
+    # A checkpoint of Lightning's own strategies, which keep no record of the model: the config is passed.
+    torch.save({"state_dict": {f"model.{k}": v for k, v in reference.state_dict().items()}}, checkpoint)
+    with pytest.raises(CheckpointError, match=r"no record of a transformers model.*config="):
+        hf.export(checkpoint, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+    assert cli(["export", str(checkpoint), str(tmp_path / "out"), "--config", str(saved)]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    batch = conformance.data("llama", 4, seed=1).tensors[0]
+    torch.testing.assert_close(exported(input_ids=batch).logits, reference(input_ids=batch).logits)
+
+
+def test_export_never_writes_over_a_folder(saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    checkpoint = tmp_path / "lightning.ckpt"
+    torch.save({"state_dict": {}}, checkpoint)
+    assert cli(["export", str(checkpoint), str(out), "--config", str(saved)]) == 2
+    assert "exists already" in capsys.readouterr().err
+    assert [item.name for item in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_a_recorded_model_exports_without_a_config(saved: Path, tmp_path: Path) -> None:
+    class Holder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(saved)
+
+    holder = Holder()
+    checkpoint: dict = {"state_dict": holder.state_dict()}
+    hf.record_models(checkpoint, holder)
+    assert json.loads(checkpoint["hugging_face"])["model"]["class"] == "LlamaForCausalLM"
+    torch.save(checkpoint, tmp_path / "recorded.ckpt")
+    hf.export(tmp_path / "recorded.ckpt", tmp_path / "out")
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    for name, value in holder.model.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], value), name
