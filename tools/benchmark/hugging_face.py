@@ -7,7 +7,7 @@ with ``from_pretrained`` from a local folder (``--write-pretrained`` makes one o
     python -m tools.benchmark.hugging_face --size 8b --write-pretrained /tmp/llama-8b  # then --pretrained it
 
 Rank 0 appends one JSON record to ``--out`` with the device, versions, date and commit (``BENCHMARK_COMMIT`` where
-the checkout has no git).
+the checkout has no git, or a copy of it carries another commit's git metadata).
 """
 
 from __future__ import annotations
@@ -240,7 +240,8 @@ def record(arguments: argparse.Namespace, trainer: Trainer, timeline: Timeline, 
     peak = measure.peak_bf16_flops(measure.device_name(device)) if device.type == "cuda" else None
     throughput = tokens / seconds if seconds else None
     facts = environment.collect()
-    facts["git_commit"] = facts.get("git_commit") or os.environ.get("BENCHMARK_COMMIT")
+    # The commit given, where the checkout's own git metadata may be another's (a copy of a working tree).
+    facts["git_commit"] = os.environ.get("BENCHMARK_COMMIT") or facts.get("git_commit")
     result = {
         "strategy": arguments.strategy, "size": arguments.size, "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config", "precision": arguments.precision,
