@@ -176,7 +176,7 @@ def test_conformance_suite(name: str, tmp_path) -> None:
 
 
 def test_an_offloading_cuda_mesh_gets_gloo_for_its_cpu_gradients() -> None:
-    """The choice behind the two-GPU clipping test (tests/test_gpu.py), which only a GPU machine runs."""
+    """The choice behind the several-GPU clipping test (tests/test_gpu.py), which only a GPU machine runs."""
     import torch
 
     from lightning_strategies_fsdp.sharding import mesh_backends
