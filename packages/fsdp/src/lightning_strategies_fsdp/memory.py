@@ -42,12 +42,11 @@ def predict(workload: Workload, gpus: int, name: str) -> tuple[float, float, flo
     offloading = name == "fsdp_cpu_offload"
     gpu_states = 0.0 if offloading else states / shards
     gpu = gpu_states + gathered + unsharded_gradient + activation_bytes(workload)
-    # The Trainer calls configure_model without the meta device, as Lightning's FSDP strategy does, so every
-    # process first builds the whole model in fp32 on the host, then shards it (measured: 1.3B on one H200
-    # peaked at 6.6 GiB resident during set-up, 1.7 GiB after it).
-    built = gpus * count * 4
+    # configure_model builds on the meta device and each shard is allocated where it trains, so no process holds
+    # the whole model on the host (a Llama-3 8B on 4 x H200: 2.0 GiB resident per process, the machine +5.9 GiB;
+    # docs/results/2026-11-27-h200x4-hugging-face-8b.jsonl). Offloading keeps the states in host memory.
     offloaded = states + OFFLOAD_HOST_OVERHEAD_BYTES * count if offloading else 0.0
-    host = host_base_bytes(gpus) + max(built, offloaded)
+    host = host_base_bytes(gpus) + offloaded
     return gpu, host, 1.0 if offloading else 0.0
 
 
