@@ -15,8 +15,7 @@ from conftest import EXTRA, UNSET
 
 from lightning_strategies.conformance import hugging_face as conformance
 
-CASES = [conformance.Case(family, mode) for family in conformance.FAMILIES for mode in ("config", "pretrained")]
-CASES += [conformance.Case("llama", "lora"), conformance.Case("bert", "lora")]
+CASES = conformance.EVERY_CASE
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 
 __all__ = [
     "CAUSAL",
+    "EVERY_CASE",
     "FAMILIES",
     "MODES",
     "Case",
@@ -72,6 +73,15 @@ class Case:
     @property
     def name(self) -> str:
         return f"{self.family}-{self.mode}"
+
+
+# What a sharding strategy's CPU tier runs: every family from a config and from a checkpoint, and LoRA on a decoder
+# and on the classifier.
+EVERY_CASE = [
+    *(Case(family, mode) for family in FAMILIES for mode in ("config", "pretrained")),
+    Case("llama", "lora"),
+    Case("bert", "lora"),
+]
 
 
 def tiny_config(family: str) -> Any:
