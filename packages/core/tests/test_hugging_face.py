@@ -33,7 +33,7 @@ def built_deferred(source: Path, **kwargs) -> torch.nn.Module:
     model.to_empty(device="cpu")
     hf.initialize(model, list(model.modules()))
     with torch.no_grad():
-        hf.load_pending(model, lambda name, tensor, weights, original: tensor.copy_(weights.read(original)))
+        hf.load_pending(model, lambda tensor, weights, original: tensor.copy_(weights.read(original)))
     return model
 
 
@@ -160,3 +160,77 @@ def test_a_recorded_model_exports_without_a_config(saved: Path, tmp_path: Path) 
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     for name, value in holder.model.state_dict().items():
         assert torch.equal(exported.state_dict()[name], value), name
+
+
+def materialised(model: torch.nn.Module) -> torch.nn.Module:
+    """What a strategy does with a model built on the meta device, in one process."""
+    modules = [m for m in model.modules() if any(t.is_meta for t in (*m.parameters(False), *m.buffers(False)))]
+    for module in modules:
+        module.to_empty(device="cpu", recurse=False)
+    hf.initialize(model, modules)
+    with torch.no_grad():
+        hf.load_pending(model, lambda tensor, weights, original: tensor.copy_(weights.read(original)))
+    return model
+
+
+def test_a_lora_model_reads_the_weights_peft_moved_and_starts_as_its_base(saved: Path) -> None:
+    """modules_to_save keeps the head under original_module and a trained copy under modules_to_save.<adapter>."""
+    peft = pytest.importorskip("peft")
+    settings = peft.LoraConfig(
+        task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]
+    )
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), settings)
+    materialised(model)
+    base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    batch = conformance.data("llama", 4, seed=1).tensors[0]
+    torch.testing.assert_close(model(input_ids=batch).logits, base(input_ids=batch).logits)  # B is zero
+
+
+def test_adapters_that_start_from_the_base_weights_are_refused(saved: Path) -> None:
+    peft = pytest.importorskip("peft")
+    from lightning_strategies import CapabilityError
+
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+    with pytest.raises(
+        CapabilityError, match=r"use_dora=True computes the adapter's starting values.*init_lora_weights=True"
+    ):
+        materialised(model)
+
+
+def test_an_adapter_folder_is_refused_with_how_to_load_it(saved: Path, tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    adapted = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), peft.LoraConfig(r=4))
+    adapted.save_pretrained(tmp_path / "adapter")  # its config names the base model's folder
+    refused = pytest.raises(TypeError, match=r"adapter_kwargs=.*holds a PEFT adapter.*PeftModel.load_adapter")
+    with refused, hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "adapter")
+
+
+def test_weights_renamed_after_from_pretrained_are_refused_not_left_random(saved: Path) -> None:
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            return self.inner(hidden)
+
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        model.model.norm = Wrapped(model.model.norm)
+    with pytest.raises(CheckpointError, match=r"1 weight\(s\) of the checkpoint found no parameter.*model.norm.weight"):
+        materialised(model)
+
+
+def test_the_exported_folder_is_readable_as_the_umask_allows(saved: Path, tmp_path: Path) -> None:
+    import os
+
+    checkpoint = tmp_path / "lightning.ckpt"
+    torch.save({"state_dict": transformers.AutoModelForCausalLM.from_pretrained(saved).state_dict()}, checkpoint)
+    hf.export(checkpoint, tmp_path / "out", config=saved, prefix="")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask

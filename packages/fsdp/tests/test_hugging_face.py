@@ -24,3 +24,34 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_case(trained: Path, case: conformance.Case) -> None:
     assert conformance.check_results(trained, [case])[case.name] == []
+
+
+def test_pretrained_weights_are_read_when_nothing_was_built_on_the_meta_device(tmp_path: Path) -> None:
+    """A model the user builds on a device of their choosing inside configure_model still gets the file's weights."""
+    import torch
+    import transformers
+
+    from lightning_strategies.hugging_face import deferred_pretrained_loading
+    from lightning_strategies_fsdp.sharding import materialize
+
+    folder = conformance.write_pretrained(tmp_path, "llama")
+    with deferred_pretrained_loading("fsdp"), torch.device("cpu"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    materialize(model, torch.device("cpu"))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    for name, value in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_processes_draw_alike_for_replicas_and_apart_for_shards(tmp_path: Path) -> None:
+    """On the host each process draws from its own generator: replicas must still start equal (FSDP2 never syncs
+    them) and shards must not repeat each other."""
+    import json
+
+    from lightning_strategies.testing import run_script
+
+    out = tmp_path / "draws.json"
+    run_script(Path(__file__).parent / "scripts" / "initial_draws.py", out, env={"OMP_NUM_THREADS": "1"})
+    drawn = json.loads(out.read_text())
+    assert drawn["fsdp_no_shard"]["replicas_equal"], drawn
+    assert drawn["fsdp"]["shards_differ"], drawn

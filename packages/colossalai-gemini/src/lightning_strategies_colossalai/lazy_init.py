@@ -127,7 +127,7 @@ def read_pretrained_when_built(module: torch.nn.Module) -> None:
     rank, before Gemini keeps its shard)."""
     from colossalai.lazy.lazy_init import LazyTensor
 
-    for _, tensor, weights, original in pretrained_tensors(module):
+    for tensor, weights, original in pretrained_tensors(module):
         load = functools.partial(_copy_from_file, weights=weights, original=original)
         if isinstance(tensor, LazyTensor) and tensor._materialized_data is None:
             tensor._op_buffer.append((load, (tensor,), {}))

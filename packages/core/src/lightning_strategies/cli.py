@@ -256,6 +256,9 @@ def command_export(arguments: argparse.Namespace) -> int:
         if "weights_only" in str(error):
             print("With this command: add --no-weights-only, for a checkpoint you trust.", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as error:  # export builds the model with transformers (and peft for an adapter)
+        print(f"error: export needs {error.name}: pip install {error.name}", file=sys.stderr)
+        return 2
     print(f"wrote {written}: load it with from_pretrained({str(written)!r})")
     return 0
 

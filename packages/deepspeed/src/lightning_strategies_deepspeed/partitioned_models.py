@@ -17,37 +17,37 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_strategies.hugging_face import hugging_face_models, lora_layers, move_buffers, pretrained_tensors
+from lightning_strategies.hugging_face import lora_layers, models_initialized_later, move_buffers, pretrained_tensors
 
 # How many elements are gathered at once to be written: about 1 GiB of fp32 per group.
 GATHER_ELEMENTS = 2**28
-# Models and LoRA layers whose initialisation is done: a later fit, validate or test of the same module leaves them be.
+# LoRA layers whose adapters are initialised: a later fit, validate or test of the same module leaves them be.
 _finished: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def finish_partitioned_models(root: nn.Module, deepspeed: Any, rank: int, device: torch.device) -> None:
-    """Initialise the ``transformers`` models of ``root`` that were built partitioned, as Hugging Face would have,
-    then read the pretrained weights of those built by ``from_pretrained``; buffers go to ``device``."""
+    """Initialise the ``transformers`` models of ``root`` built partitioned in ``configure_model``, as Hugging Face
+    would have, zero their new LoRA adapters' B, then read the pretrained weights of those built by
+    ``from_pretrained``; buffers go to ``device``."""
     if any(hasattr(parameter, "ds_id") for parameter in root.parameters()):
         # zero.Init creates floating-point tensors on the device, others (BERT's token_type_ids) where torch puts
         # them, and the engine moves nothing of a model built partitioned.
         move_buffers(root, device)
-    for model in hugging_face_models(root):
-        if _built_partitioned(model):
-            _initialize(model)
-            _finished.add(model)
+    for model in models_initialized_later(root):
+        _initialize(model)
     with torch.no_grad():
         # PEFT zeroes each new adapter's B after building it: under ZeRO-3, an empty placeholder by then.
         for layer, reset in lora_layers(root):
             if _built_partitioned(layer):
-                with deepspeed.zero.GatheredParameters(list(layer.parameters()), modifier_rank=0):
+                adapters = [parameter for name, parameter in layer.named_parameters() if "lora_" in name]
+                with deepspeed.zero.GatheredParameters(adapters, modifier_rank=0):
                     if rank == 0:
                         reset()
                 _finished.add(layer)
         for group in _groups(pretrained_tensors(root)):
-            parameters = [tensor for _, tensor, _, _ in group if hasattr(tensor, "ds_id")]
+            parameters = list({id(tensor): tensor for tensor, _, _ in group if hasattr(tensor, "ds_id")}.values())
             with deepspeed.zero.GatheredParameters(parameters, modifier_rank=0):
-                for _, tensor, weights, original in group:
+                for tensor, weights, original in group:
                     if rank == 0 or not hasattr(tensor, "ds_id"):  # buffers are not partitioned: every rank
                         tensor.copy_(weights.read(original))
 
@@ -58,24 +58,20 @@ def _built_partitioned(module: nn.Module) -> bool:
 
 
 def _initialize(model: Any) -> None:
-    """Hugging Face's initialisation of a partitioned model, module by module on gathered parameters (the library's
-    own ZeRO-3 variant of ``initialize_weights``). It skips what is flagged initialised, and ``post_init`` flagged
-    everything when it ran on the empty partitions, so the flags go first."""
+    """Hugging Face's initialisation of a partitioned model, skipped at construction, module by module on gathered
+    parameters (the library's own ZeRO-3 variant of ``initialize_weights``)."""
     from transformers.integrations.deepspeed import initialize_weights_zero3
 
-    for module in model.modules():
-        for item in (module, *module.parameters(recurse=False), *module.buffers(recurse=False)):
-            item.__dict__.pop("_is_hf_initialized", None)
     initialize_weights_zero3(model)
     model.tie_weights()
 
 
-def _groups(tensors: Iterator[tuple[str, Any, Any, str]]) -> Iterator[list[tuple[str, Any, Any, str]]]:
+def _groups(tensors: Iterator[tuple[Any, Any, str]]) -> Iterator[list[tuple[Any, Any, str]]]:
     """Consecutive tensors, up to ``GATHER_ELEMENTS`` a group, so one gather serves many small weights."""
-    group: list[tuple[str, Any, Any, str]] = []
+    group: list[tuple[Any, Any, str]] = []
     elements = 0
     for item in tensors:
-        size = int(getattr(item[1], "ds_numel", item[1].numel()))
+        size = int(getattr(item[0], "ds_numel", item[0].numel()))
         if group and elements + size > GATHER_ELEMENTS:
             yield group
             group, elements = [], 0

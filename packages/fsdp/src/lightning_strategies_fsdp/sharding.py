@@ -210,16 +210,10 @@ def apply_activation_checkpointing(module: nn.Module, policy: Any) -> None:
         checkpoint(block)
 
 
-def has_meta_tensors(module: nn.Module) -> bool:
-    return any(tensor.is_meta for tensor in (*module.parameters(), *module.buffers()))
-
-
 def materialize(module: nn.Module, device: torch.device, param_init_fn: Any = None) -> None:
     """Allocate the tensors created on the meta device (already sharded: each process allocates its shard only),
     initialize them with ``param_init_fn`` or as their construction would have (``hugging_face.initialize``), and
     read the weights of models built by ``from_pretrained`` into each process's shards from their files."""
-    if not has_meta_tensors(module):
-        return
     initializers = [
         submodule
         for submodule in module.modules()
@@ -228,12 +222,13 @@ def materialize(module: nn.Module, device: torch.device, param_init_fn: Any = No
     for submodule in initializers:
         submodule.to_empty(device=device, recurse=False)
     with torch.no_grad():
-        if param_init_fn is not None:
+        if initializers and param_init_fn is not None:
             for submodule in initializers:
                 param_init_fn(submodule)
-        else:
+        elif initializers:
             _refuse_uninitializable(module, initializers)
-            initialize(module, initializers)
+            with _draws_per_shard(module, device):
+                initialize(module, initializers)
         load_pending(module, _read_local_shard)
 
 
@@ -247,28 +242,50 @@ def _refuse_uninitializable(root: nn.Module, initializers: list[nn.Module]) -> N
         if callable(getattr(submodule, "reset_lora_parameters", None)):
             continue
         raise RuntimeError(
-            f"{type(submodule).__name__} was created on the meta device but has no reset_parameters() to "
-            "initialize it. Give it one, or pass param_init_fn=<callable(module)> to the strategy."
+            f"{type(submodule).__name__} was created on the meta device (configure_model builds there) but has no "
+            "reset_parameters() to initialize it. Give it one; or create it in the LightningModule's __init__, "
+            "where it is built for real; or pass param_init_fn=<callable(module)>, which then initializes every "
+            "module built in configure_model (transformers' own initialization included)."
         )
 
 
-def _read_local_shard(name: str, tensor: Any, weights: PretrainedWeights, own_name: str) -> None:
+@contextlib.contextmanager
+def _draws_per_shard(module: nn.Module, device: torch.device) -> Iterator[None]:
+    """Random values drawn on the host come from each process's generator (DTensor keeps one generator in step
+    across processes only on accelerators): seeded here so that processes holding the same shard (replicas) draw the
+    same values and processes holding different shards draw different ones."""
+    meshes = {tensor.device_mesh for tensor in module.parameters() if hasattr(tensor, "device_mesh")}
+    if device.type != "cpu" or len(meshes) != 1 or not dist.is_initialized():
+        yield
+        return
+    (mesh,) = meshes
+    seed = [int(torch.randint(0, 2**31 - 1, ()).item())]
+    dist.broadcast_object_list(seed, src=0)
+    # The shard a process holds is its coordinate along the mesh's shard dimension (MESH_DIM_NAMES; a mesh given
+    # without names shards along its last).
+    names = mesh.mesh_dim_names or ()
+    shard = mesh.get_local_rank(names.index("shard") if "shard" in names else mesh.ndim - 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed[0] + shard)
+        yield
+
+
+def _read_local_shard(tensor: Any, weights: PretrainedWeights, original: str) -> None:
     """Copy this process's shard of a pretrained weight from its file, reading only that shard's bytes."""
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if not isinstance(tensor, DTensor):
-        tensor.copy_(weights.read(own_name))
+        tensor.copy_(weights.read(original))
         return
-    index = [slice(None)] * tensor.dim()
-    for mesh_dim, placement in enumerate(tensor.placements):
-        if isinstance(placement, Shard):
-            # fully_shard splits as torch.chunk does: equal pieces of ceil(size / shards) rows, the last ones shorter.
-            size, shards = tensor.shape[placement.dim], tensor.device_mesh.size(mesh_dim)
-            piece = -(-size // shards)
-            start = min(tensor.device_mesh.get_local_rank(mesh_dim) * piece, size)
-            index[placement.dim] = slice(start, min(start + piece, size))
+    shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
     local = tensor.to_local()
-    local.copy_(weights.read(own_name, tuple(index)).reshape(local.shape))
+    value = weights.read(original, tuple(slice(start, start + size) for start, size in zip(offset, shape, strict=True)))
+    if tuple(value.shape) != tuple(local.shape):
+        raise RuntimeError(
+            f"{original}: read a shard of shape {list(value.shape)} for a local shard of {list(local.shape)}"
+        )
+    local.copy_(value)
 
 
 # torch's warning for a state-dict value copied into a meta-device parameter, which keeps nothing.
@@ -279,23 +296,21 @@ NO_OP_LOAD = r"for .*: copying from a non-meta parameter in the checkpoint to a 
 def refuse_loads_into_meta(strategy: str) -> Iterator[None]:
     """``load_state_dict`` into a model built on the meta device keeps nothing (torch only warns): refuse it with
     what works instead, rather than train from random weights."""
-    caught: list[warnings.WarningMessage] = []
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.filterwarnings("always", message=NO_OP_LOAD)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=NO_OP_LOAD)
+        try:
             yield
-    finally:
-        for warning in caught:  # every other warning is shown as it would have been
-            if not re.match(NO_OP_LOAD, str(warning.message)):
-                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    discarded = [str(warning.message) for warning in caught if re.match(NO_OP_LOAD, str(warning.message))]
-    if discarded:
-        raise RuntimeError(
-            f"configure_model loaded {len(discarded)} weight(s) into parameters on the meta device, which keeps none "
-            f"of them ({discarded[0].split(':')[0].removeprefix('for ')}, ...): {strategy} builds the model on the "
-            "meta device and allocates each shard in setup. Load a transformers model with from_pretrained (read "
-            "into the shards), or other weights after setup: Trainer.fit(ckpt_path=...) or in on_fit_start."
-        )
+        except UserWarning as warning:
+            if not re.match(NO_OP_LOAD, str(warning)):
+                raise
+            raise RuntimeError(
+                f"configure_model loaded weights into parameters on the meta device, which keeps none of them "
+                f"({str(warning).split(':')[0].removeprefix('for ')}, ...): {strategy} builds the model on the meta "
+                "device and allocates each shard in setup. Load a transformers model with from_pretrained (read into "
+                "the shards); other weights with Trainer.fit(ckpt_path=...), or after setup with "
+                "torch.distributed.checkpoint.state_dict.set_model_state_dict(model, state_dict, "
+                "options=StateDictOptions(full_state_dict=True))."
+            ) from warning
 
 
 def set_gradient_sync(module: nn.Module, enabled: bool) -> None:

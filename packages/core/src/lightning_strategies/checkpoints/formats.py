@@ -54,7 +54,7 @@ FILE = CheckpointFormat(
     "every strategy that loads full weights",
     "it already holds full weights",
     _is_torch_save_file,
-    read_weights="lightning_strategies.checkpoints.loading:load_file",
+    read_weights="lightning_strategies.checkpoints.loading:load_weights_file",
 )
 
 

@@ -44,6 +44,12 @@ def load_file(
         raise CheckpointError(f"{path} could not be read ({error}). {_CORRUPT_HINT}") from error
 
 
+def load_weights_file(path: str | os.PathLike[str], weights_only: bool | None = None) -> Any:
+    """A checkpoint file read into host memory whatever device saved its tensors (mapped, not copied, where torch
+    can): the ``read_weights`` of core's single-file format."""
+    return load_file(path, weights_only, map_location="cpu", mmap=True)
+
+
 def check_file(path: Path) -> None:
     """Refuse a missing, empty or truncated ``torch.save`` file before reading it."""
     if not path.exists():

@@ -16,6 +16,7 @@ from lightning_strategies.hugging_face.pretrained import (
     PretrainedWeights,
     deferred_pretrained_loading,
     load_pending,
+    models_initialized_later,
     pending_weights,
     pretrained_tensors,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "is_hugging_face_model",
     "load_pending",
     "lora_layers",
+    "models_initialized_later",
     "move_buffers",
     "pending_weights",
     "pretrained_tensors",

@@ -89,20 +89,29 @@ def export(
         raise CheckpointError(f"{source} holds no 'state_dict', so it is not a Lightning checkpoint of a model.")
     records = json.loads(saved.get(RECORD_KEY) or "{}")
     prefix, entry = _choose(source, records, prefix, config, state_dict)
-    weights = {
-        key.removeprefix(f"{prefix}."): value for key, value in state_dict.items() if key.startswith(f"{prefix}.")
-    }
+    weights = (
+        {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items() if key.startswith(f"{prefix}.")}
+        if prefix
+        else dict(state_dict)
+    )
+    model = _skeleton(entry)
+    _check_keys(source, prefix, model, weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        model = _skeleton(entry)
-        _check_keys(source, prefix, model, weights)
         model.save_pretrained(staging, state_dict=weights, max_shard_size=max_shard_size)
+        staging.chmod(0o777 & ~_umask())  # mkdtemp's folder is its owner's alone; a model folder is not
         os.replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _choose(
@@ -135,13 +144,9 @@ def _choose(
 
 
 def _common_prefix(state_dict: dict[str, Any]) -> str:
+    """The attribute all weights sit under (a LightningModule's ``self.model``), or none: the model's own names."""
     heads = {key.split(".", 1)[0] for key in state_dict}
-    if len(heads) != 1:
-        raise CheckpointError(
-            f"the checkpoint's weights sit under several attributes ({', '.join(sorted(heads))}); pick the model's "
-            "with prefix= (--prefix on the command line)."
-        )
-    return heads.pop()
+    return heads.pop() if len(heads) == 1 else ""
 
 
 def _skeleton(entry: dict[str, Any]) -> Any:
@@ -171,8 +176,11 @@ def _skeleton(entry: dict[str, Any]) -> Any:
 
 
 def _check_keys(source: Path, prefix: str, model: Any, weights: dict[str, Any]) -> None:
-    expected = set(model.state_dict())
-    tied = set(getattr(model, "all_tied_weights_keys", None) or ())
+    tensors = model.state_dict(keep_vars=True)
+    expected = set(tensors)
+    # A tied weight (a head sharing the embeddings) may be saved under one of its names alone.
+    first_name: dict[int, str] = {}
+    tied = {name for name, tensor in tensors.items() if first_name.setdefault(id(tensor), name) != name}
     missing = sorted(expected - set(weights) - tied)
     unexpected = sorted(set(weights) - expected)
     if missing or unexpected:

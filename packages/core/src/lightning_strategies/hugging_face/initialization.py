@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from lightning_strategies.errors import CapabilityError
 from lightning_strategies.hugging_face.models import hugging_face_models
 
 if TYPE_CHECKING:
@@ -85,8 +86,24 @@ def lora_layers(root: nn.Module) -> list[tuple[nn.Module, Callable[[], None]]]:
         reset = getattr(module, "reset_lora_parameters", None)
         adapters = getattr(module, "lora_A", None)
         if callable(reset) and adapters is not None:
+            _refuse_weight_dependent_starts(module, list(adapters), settings)
             layers.append((module, functools.partial(_reset_adapters, reset, list(adapters), settings)))
     return layers
+
+
+def _refuse_weight_dependent_starts(layer: nn.Module, adapters: list[str], settings: dict[str, Any]) -> None:
+    """DoRA's magnitudes and PiSSA-like starts are computed from the base weights as the adapter is built: inside
+    configure_model those are placeholders, read from the file only later, so the adapter would start from nothing."""
+    for adapter in adapters:
+        start = settings.get(adapter, True)
+        if (getattr(layer, "use_dora", None) or {}).get(adapter) or start not in (True, False, "gaussian"):
+            what = "use_dora=True" if start in (True, False, "gaussian") else f"init_lora_weights={start!r}"
+            raise CapabilityError(
+                f"PEFT's {what} computes the adapter's starting values from the base model's weights as it is built; "
+                "a sharding strategy builds the model in configure_model without them (they are read into the "
+                "shards later), so the adapter would start from placeholders. Use LoRA with init_lora_weights=True "
+                "or 'gaussian' under fsdp and deepspeed_stage_3, or train with strategy='ddp'."
+            )
 
 
 def _reset_adapters(reset: Callable[[str, Any], None], adapters: list[str], settings: dict[str, Any]) -> None:

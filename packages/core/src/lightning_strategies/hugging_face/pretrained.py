@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies.hugging_face.models import transformers_installed
+from lightning_strategies.hugging_face.models import hugging_face_models, transformers_installed
 
 if TYPE_CHECKING:
     import torch
@@ -31,9 +32,13 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # from_pretrained arguments that say where the files are, as opposed to how to build the model.
 HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
-# from_pretrained arguments that place or transform weights as they load: nothing to do with a model whose weights
-# the strategy places, so each is refused with what to do instead.
-PLACEMENT_ARGUMENTS = {
+# from_pretrained arguments that place, transform or add to the weights as they load, which a model whose weights the
+# strategy reads into its shards cannot honour: each is refused with what to do instead.
+REFUSED_ARGUMENTS = {
+    "adapter_kwargs": "that folder holds a PEFT adapter: load its base model here, wrap it with peft.get_peft_model "
+    "and load the adapter's weights after setup (PeftModel.load_adapter), or merge the adapter into a full checkpoint",
+    "key_mapping": "save the model once with its keys renamed (from_pretrained then save_pretrained) and load that",
+    "output_loading_info": "the strategy reports weights the checkpoint lacks as it reads them; drop the argument",
     "device_map": "the strategy places every shard; drop device_map",
     "tp_plan": "the strategy shards the model; drop tp_plan",
     "quantization_config": "quantized models are not sharded by these strategies; load it with strategy='ddp'",
@@ -42,11 +47,15 @@ PLACEMENT_ARGUMENTS = {
     "state_dict": "pass the folder the weights were saved to with save_pretrained instead of a state_dict",
     "gguf_file": "convert the GGUF file to safetensors with save_pretrained first",
 }
-# Where PEFT keeps the layer it wraps with an adapter (peft.tuners.tuners_utils.BaseTunerLayer.base_layer).
-PEFT_WRAPPED = "base_layer"
+# Where PEFT moves a layer's weights when it wraps the layer: an adapted layer under "base_layer"
+# (peft.tuners.tuners_utils.BaseTunerLayer), a layer trained beside the adapter (modules_to_save) under
+# "original_module", with its trained copy under "modules_to_save.<adapter>" (peft.utils.other.ModulesToSaveWrapper).
+PEFT_WRAPPERS = re.compile(r"\.(base_layer|original_module|modules_to_save\.[^.]+)\.")
 # Weights of models built inside deferred_pretrained_loading(), until their strategy loads them. Weak, so a model
 # that is dropped takes its entry with it.
 _pending: weakref.WeakKeyDictionary[Any, PretrainedWeights] = weakref.WeakKeyDictionary()
+# Models whose Hugging Face initialisation was skipped at construction (initialize_later), until it is run.
+_initialization_deferred: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 # -- where the weights are -------------------------------------------------------------------------------------
@@ -64,7 +73,6 @@ class PretrainedWeights:
     source: str
     files: dict[str, Path]
     names: dict[str, str]
-    missing: list[str] = field(default_factory=list)
     _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
 
     def read(self, name: str, index: tuple[slice, ...] | None = None) -> torch.Tensor:
@@ -97,28 +105,34 @@ def pending_weights(root: nn.Module) -> list[tuple[str, nn.Module, PretrainedWei
     return found
 
 
-def pretrained_tensors(root: nn.Module) -> Iterator[tuple[str, Any, PretrainedWeights, str]]:
-    """``(name, tensor, weights, original)`` for each of ``root``'s parameters and buffers whose pretrained value is
-    still to be read: ``name`` in ``root``'s state dict, ``weights.read(original)`` its value. Each is handed out
-    once; the files are closed when the iteration ends."""
-    for prefix, model, weights in pending_weights(root):
+def pretrained_tensors(root: nn.Module) -> Iterator[tuple[Any, PretrainedWeights, str]]:
+    """``(tensor, weights, original)`` for each of ``root``'s parameters and buffers whose pretrained value is still
+    to be read, as ``weights.read(original)``. Each is handed out once, and every weight of the checkpoint the model
+    takes must find its tensor (a wrapper that renames them otherwise leaves them silently unread); the files are
+    closed when the iteration ends (a later read opens them again)."""
+    for _, model, weights in pending_weights(root):
+        found: set[str] = set()
         try:
             for own_name, tensor in model.state_dict(keep_vars=True).items():
-                # A PEFT adapter wraps the layers it adapts: their weights moved under "<layer>.base_layer".
-                original = own_name.replace(f".{PEFT_WRAPPED}.", ".")
+                original = PEFT_WRAPPERS.sub(".", own_name)
                 if original in weights.names:
-                    yield prefix + own_name, tensor, weights, original
+                    found.add(original)
+                    yield tensor, weights, original
         finally:
             weights.close()
+        unread = sorted(set(weights.names) - found)
+        if unread:
+            raise CheckpointError(
+                f"from_pretrained({weights.source!r}): {len(unread)} weight(s) of the checkpoint found no parameter "
+                f"of the model ({', '.join(unread[:3])}{', ...' if len(unread) > 3 else ''}): something renamed them "
+                "after from_pretrained. Build the model with from_pretrained and wrap it afterwards only with PEFT."
+            )
 
 
-def load_pending(root: nn.Module, write: Callable[[str, Any, PretrainedWeights, str], None]) -> int:
-    """``write(name, tensor, weights, original)`` for each of ``pretrained_tensors(root)``; how many there were."""
-    written = 0
-    for name, tensor, weights, original in pretrained_tensors(root):
-        write(name, tensor, weights, original)
-        written += 1
-    return written
+def load_pending(root: nn.Module, write: Callable[[Any, PretrainedWeights, str], None]) -> None:
+    """``write(tensor, weights, original)`` for each of ``pretrained_tensors(root)``."""
+    for tensor, weights, original in pretrained_tensors(root):
+        write(tensor, weights, original)
 
 
 def _checkpoint_files(source: str, hub: dict[str, Any]) -> dict[str, Path]:
@@ -206,7 +220,8 @@ def match_names(model: nn.Module, files: dict[str, Path], source: str, ignore_mi
     from safetensors import safe_open
 
     prefix = getattr(model, "base_model_prefix", "") or ""
-    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or ())
+    tied_keys = getattr(model, "all_tied_weights_keys", None)  # {} for an untied model: not the class's default
+    tied = set(tied_keys if tied_keys is not None else getattr(model, "_tied_weights_keys", None) or ())
     own = dict(model.state_dict(keep_vars=True))
     names: dict[str, str] = {}
     missing: list[str] = []
@@ -247,7 +262,7 @@ def match_names(model: nn.Module, files: dict[str, Path], source: str, ignore_mi
             "Some weights of %s were not in the checkpoint at %s and are newly initialised: %s",
             type(model).__name__, source, missing,
         )  # fmt: skip
-    return PretrainedWeights(source, files, names, missing)
+    return PretrainedWeights(source, files, names)
 
 
 def _full_shape(tensor: Any) -> Any:
@@ -268,10 +283,10 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
 
     The patches on ``transformers`` last exactly as long as the context: nothing outlives the hook it wraps.
     """
-    if not transformers_installed():
+    modeling_utils = _transformers_5()
+    if modeling_utils is None:
         yield
         return
-    from transformers import modeling_utils
 
     pretrained_model = modeling_utils.PreTrainedModel
     originals = {name: pretrained_model.__dict__[name] for name in ("from_pretrained", "init_weights")}
@@ -280,6 +295,7 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
         return _build_deferred(cls, os.fspath(source), args, kwargs, strategy)
 
     def tie_weights_only(self: Any) -> None:
+        _initialization_deferred.add(self)
         self.tie_weights(recompute_mapping=False)
 
     setattr(pretrained_model, "from_pretrained", classmethod(from_pretrained))  # noqa: B010  (a method, for mypy)
@@ -292,10 +308,48 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
             setattr(pretrained_model, name, original)
 
 
+def _transformers_5() -> Any:
+    """``transformers.modeling_utils`` where transformers 5 is installed and imports, else None (with a line saying
+    why): what is patched here is its API."""
+    if not transformers_installed():
+        return None
+    import importlib.metadata
+
+    version = importlib.metadata.version("transformers")
+    if int(version.split(".")[0]) < 5:
+        log.warning(
+            "transformers %s is installed; from_pretrained inside configure_model is read into shards from "
+            "transformers 5 on (pip install -U transformers), and is left as transformers has it here.", version
+        )  # fmt: skip
+        return None
+    try:
+        from transformers import modeling_utils
+    except ImportError as error:
+        log.warning(
+            "transformers could not be imported (%s); from_pretrained inside configure_model is left as is.", error
+        )
+        return None
+    return modeling_utils
+
+
+def models_initialized_later(root: nn.Module) -> list[nn.Module]:
+    """The outermost ``transformers`` models in ``root`` whose initialisation ``deferred_pretrained_loading(...,
+    initialize_later=True)`` skipped at construction, for the strategy to run once they are sharded. Each is
+    handed out once."""
+    found = [model for model in hugging_face_models(root) if model in _initialization_deferred]
+    for model in found:
+        for module in model.modules():
+            _initialization_deferred.discard(module)
+    return found
+
+
 def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[str, Any], strategy: str) -> Any:
-    refused = [name for name in PLACEMENT_ARGUMENTS if kwargs.get(name) not in (None, False)]
+    # The Auto classes always pass adapter_kwargs (the hub revision); it names an adapter folder only when given one.
+    if "_adapter_model_path" not in (kwargs.get("adapter_kwargs") or {}):
+        kwargs.pop("adapter_kwargs", None)
+    refused = [name for name in REFUSED_ARGUMENTS if kwargs.get(name) not in (None, False)]
     if refused or args:
-        reason = PLACEMENT_ARGUMENTS[refused[0]] if refused else "pass them as keyword arguments"
+        reason = REFUSED_ARGUMENTS[refused[0]] if refused else "pass them as keyword arguments"
         what = f"{refused[0]}=" if refused else "positional model arguments"
         raise TypeError(f"{cls.__name__}.from_pretrained({source!r}, {what}...) inside configure_model under "
                         f"strategy={strategy!r}: {reason}.")  # fmt: skip
@@ -303,7 +357,7 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
     _refuse_missing_folder(source)
     ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
     for ignored in ("use_safetensors", "weights_only", "disable_mmap", "low_cpu_mem_usage", "_from_auto",
-                    "_from_pipeline", "trust_remote_code", "adapter_kwargs", "key_mapping"):  # fmt: skip
+                    "_from_pipeline", "trust_remote_code"):  # fmt: skip
         kwargs.pop(ignored, None)
     dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "auto"))
     config = kwargs.pop("config", None)
