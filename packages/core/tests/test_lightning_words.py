@@ -1,0 +1,81 @@
+"""Lightning's words first (issue 32): a strategy name Lightning's connectors would call invalid gets ours, a
+``StrategyLookupError`` (a ValueError, as Lightning's), that begins with Lightning's first sentence; Lightning's list
+of example choices gives way to our close matches and install lines.
+
+Lightning's text is read from the installed Lightning: its connector's own check, which core wraps, run on the same
+name with Lightning's registry as it stands without ours.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from lightning_strategies import activate, hookimpl
+from lightning_strategies.errors import StrategyLookupError
+from lightning_strategies.known import PROJECT_PACKAGES
+from lightning_strategies.testing import assert_raises_as_lightning
+
+
+def _lightnings_check(entry_point: str, name: str) -> Any:
+    """Lightning's own check of a strategy flag (the connector method core wraps), with ``name`` unregistered."""
+    if entry_point == "Trainer":
+        from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector as connector
+
+        extra = {"sync_batchnorm": False}
+    else:
+        from lightning.fabric.connector import _Connector as connector  # type: ignore[assignment]
+
+        extra = {}
+    wrapped = connector._check_config_and_set_final_flags
+    check = getattr(wrapped, "__wrapped__", wrapped)  # Lightning's own, under core's wrapper
+    connector_state = SimpleNamespace(_registered_strategies=[])
+    return check(connector_state, strategy=name, accelerator="cpu", precision=None, plugins=None, **extra)
+
+
+def _ours(entry_point: str, name: str) -> Any:
+    if entry_point == "Trainer":
+        import lightning.pytorch as pl
+
+        return pl.Trainer(strategy=name, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    import lightning.fabric
+
+    return lightning.fabric.Fabric(strategy=name, accelerator="cpu", devices=1)
+
+
+class _TeamDDP:
+    @hookimpl
+    def register_strategies(registry):
+        registry.register(
+            "team_ddp",
+            "lightning.pytorch.strategies:DDPStrategy",
+            fabric_target="lightning.fabric.strategies:DDPStrategy",
+        )
+
+
+@pytest.mark.parametrize("entry_point", ["Trainer", "Fabric"])
+@pytest.mark.parametrize("name", ["team_dpp", "no_such_strategy", "TEAM_DPP"])
+def test_an_unknown_name(registry, add_plugin, lightning_registries, entry_point: str, name: str) -> None:
+    add_plugin(_TeamDDP)
+    activate()
+    error = assert_raises_as_lightning(
+        lambda: _lightnings_check(entry_point, name), lambda: _ours(entry_point, name), sentences=1
+    )
+    assert isinstance(error, StrategyLookupError)
+    if name.lower() == "team_dpp":
+        assert "Did you mean: 'team_ddp'" in str(error)
+
+
+@pytest.mark.parametrize("entry_point", ["Trainer", "Fabric"])
+def test_a_name_of_a_package_that_is_not_installed(registry, lightning_registries, entry_point: str) -> None:
+    """The names of this project's packages are placeholders in Lightning's registry while the package is missing;
+    Lightning alone would call them invalid."""
+    name = "colossalai"
+    assert name in PROJECT_PACKAGES["lightning-strategies-colossalai-gemini"]
+    activate()
+    error = assert_raises_as_lightning(
+        lambda: _lightnings_check(entry_point, name), lambda: _ours(entry_point, name), sentences=1
+    )
+    assert "pip install lightning-strategies-colossalai-gemini" in str(error)
