@@ -8,7 +8,6 @@ name with Lightning's registry as it stands without ours.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,23 +15,7 @@ import pytest
 from lightning_strategies import activate, hookimpl
 from lightning_strategies.errors import StrategyLookupError
 from lightning_strategies.known import PROJECT_PACKAGES
-from lightning_strategies.testing import assert_raises_as_lightning
-
-
-def _lightnings_check(entry_point: str, name: str) -> Any:
-    """Lightning's own check of a strategy flag (the connector method core wraps), with ``name`` unregistered."""
-    if entry_point == "Trainer":
-        from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector as connector
-
-        extra = {"sync_batchnorm": False}
-    else:
-        from lightning.fabric.connector import _Connector as connector  # type: ignore[assignment]
-
-        extra = {}
-    wrapped = connector._check_config_and_set_final_flags
-    check = getattr(wrapped, "__wrapped__", wrapped)  # Lightning's own, under core's wrapper
-    connector_state = SimpleNamespace(_registered_strategies=[])
-    return check(connector_state, strategy=name, accelerator="cpu", precision=None, plugins=None, **extra)
+from lightning_strategies.testing import assert_raises_as_lightning, lightnings_strategy_name_check
 
 
 def _ours(entry_point: str, name: str) -> Any:
@@ -61,7 +44,7 @@ def test_an_unknown_name(registry, add_plugin, lightning_registries, entry_point
     add_plugin(_TeamDDP)
     activate()
     error = assert_raises_as_lightning(
-        lambda: _lightnings_check(entry_point, name), lambda: _ours(entry_point, name), sentences=1
+        lambda: lightnings_strategy_name_check(name, entry_point), lambda: _ours(entry_point, name), sentences=1
     )
     assert isinstance(error, StrategyLookupError)
     if name.lower() == "team_dpp":
@@ -76,6 +59,6 @@ def test_a_name_of_a_package_that_is_not_installed(registry, lightning_registrie
     assert name in PROJECT_PACKAGES["lightning-strategies-colossalai-gemini"]
     activate()
     error = assert_raises_as_lightning(
-        lambda: _lightnings_check(entry_point, name), lambda: _ours(entry_point, name), sentences=1
+        lambda: lightnings_strategy_name_check(name, entry_point), lambda: _ours(entry_point, name), sentences=1
     )
     assert "pip install lightning-strategies-colossalai-gemini" in str(error)

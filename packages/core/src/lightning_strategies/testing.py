@@ -44,6 +44,7 @@ __all__ = [
     "described",
     "error_of",
     "free_port",
+    "lightnings_strategy_name_check",
     "process_state",
     "raised_by",
     "record_checks",
@@ -243,6 +244,26 @@ def assert_raises_as_lightning(
         words = " ".join(re.split(r"(?<=\.)\s+", words)[:sentences])
     assert str(mine).startswith(words), f"ours does not begin with Lightning's words.\nLightning: {words}\nOurs: {mine}"
     return mine
+
+
+def lightnings_strategy_name_check(name: str, entry_point: str = "Trainer") -> None:
+    """Run Lightning's own check of a ``strategy=`` name (its connector's, which core wraps) as if Lightning's registry
+    held no ``name``: it raises Lightning's "invalid strategy name" error, for ``assert_raises_as_lightning``.
+    ``entry_point``: "Trainer" or "Fabric"."""
+    from types import SimpleNamespace
+
+    if entry_point == "Trainer":
+        from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector as connector
+
+        extra = {"sync_batchnorm": False}
+    else:
+        from lightning.fabric.connector import _Connector as connector  # type: ignore[assignment]
+
+        extra = {}
+    wrapped = connector._check_config_and_set_final_flags
+    check = getattr(wrapped, "__wrapped__", wrapped)  # Lightning's own, under core's wrapper
+    state = SimpleNamespace(_registered_strategies=[])
+    check(state, strategy=name, accelerator="cpu", precision=None, plugins=None, **extra)
 
 
 def record_checks(checks: Mapping[str, Callable[[], Any]], out: str | os.PathLike[str]) -> None:
