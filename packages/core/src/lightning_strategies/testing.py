@@ -262,7 +262,7 @@ def lightnings_strategy_name_check(name: str, entry_point: str = "Trainer") -> N
         extra = {}
     wrapped = connector._check_config_and_set_final_flags
     check = getattr(wrapped, "__wrapped__", wrapped)  # Lightning's own, under core's wrapper
-    state = SimpleNamespace(_registered_strategies=[])
+    state: Any = SimpleNamespace(_registered_strategies=[])  # all the check reads of a connector
     check(state, strategy=name, accelerator="cpu", precision=None, plugins=None, **extra)
 
 

@@ -55,7 +55,6 @@ class _ParallelStrategy(Protocol):
     remote_device: str | None
     exclude_frozen_parameters: bool
     parallel_devices: list[torch.device] | None
-    accelerator: Accelerator | None
     cluster_environment: ClusterEnvironment | None
     _process_group_backend: str | None
     _config_completed: bool
@@ -63,6 +62,9 @@ class _ParallelStrategy(Protocol):
 
     @property
     def root_device(self) -> torch.device: ...
+
+    @property
+    def accelerator(self) -> Any: ...
 
     @property
     def world_size(self) -> int: ...
