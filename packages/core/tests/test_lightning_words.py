@@ -57,8 +57,22 @@ def test_a_name_of_a_package_that_is_not_installed(registry, lightning_registrie
     Lightning alone would call them invalid."""
     name = "colossalai"
     assert name in PROJECT_PACKAGES["lightning-strategies-colossalai-gemini"]
+    for lightning_registry in lightning_registries:  # an earlier activation's entry, with the package installed
+        lightning_registry.pop(name, None)
     activate()
     error = assert_raises_as_lightning(
         lambda: lightnings_strategy_name_check(name, entry_point), lambda: _ours(entry_point, name), sentences=1
     )
     assert "pip install lightning-strategies-colossalai-gemini" in str(error)
+
+
+def test_a_name_whose_plugin_is_gone_since_activation(registry, add_plugin, lightning_registries) -> None:
+    """Lightning's registry keeps the lazy entry of a name whose plugin core no longer has (a registry reloaded
+    without it): resolving it is Lightning's invalid name too."""
+    add_plugin(_TeamDDP)
+    activate()
+    registry._entries.pop("team_ddp")
+    error = assert_raises_as_lightning(
+        lambda: lightnings_strategy_name_check("team_ddp"), lambda: _ours("Trainer", "team_ddp"), sentences=1
+    )
+    assert isinstance(error, StrategyLookupError)

@@ -85,7 +85,10 @@ class LazyStrategy:
         self.namespace = namespace
 
     def __call__(self, **init_params: Any) -> Any:
-        entry = get_registry().entry(self.name)
+        try:
+            entry = get_registry().entry(self.name)
+        except StrategyLookupError as error:  # the name's plugin is gone since: Lightning would call it invalid
+            raise StrategyLookupError(f"{invalid_name_sentence(self.name)} {error}") from None
         return entry.load_class(self.namespace)(**init_params)
 
     def __repr__(self) -> str:
