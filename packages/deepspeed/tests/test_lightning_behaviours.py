@@ -196,7 +196,7 @@ def test_trainer_load_of_a_folder_without_a_checkpoint_is_a_file_not_found_error
 def test_trainer_load_of_a_single_file_or_a_missing_path_is_a_file_not_found_error(tmp_path: Path) -> None:
     """pytorch::test_deepspeed_load_checkpoint_validate_path: Lightning's strategy raises FileNotFoundError for any
     path that is no DeepSpeed checkpoint directory; ours for a checkpoint file of another strategy, and for a
-    path that does not exist, too (its own message kept)."""
+    path that does not exist, too, in Lightning's words first (test_lightning_words.py), then its own."""
     torch.save({"state_dict": {}}, tmp_path / "ddp.ckpt")
     with pytest.raises(FileNotFoundError, match=r"is a single torch\.save checkpoint file"):
         DeepSpeedStrategy().load_checkpoint(tmp_path / "ddp.ckpt")
