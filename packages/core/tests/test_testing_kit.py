@@ -7,6 +7,7 @@ import ast
 import json
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from lightning_strategies.testing import (
     another_packages_checkpoint,
     assert_install_hints_match,
     assert_layout_identified_only_through,
+    assert_raises_as_lightning,
     check_lightning_cli_builds,
     described,
     error_of,
@@ -106,6 +108,34 @@ def test_a_recorded_error_is_its_type_and_message() -> None:
     assert raised_by(lambda: None) is None
     assert error_of(refuse) == "ValueError: no such folder"
     assert error_of(lambda: None) == described(None) == "no error"
+
+
+def _raise(error: Exception) -> Callable[[], None]:
+    def call() -> None:
+        raise error
+
+    return call
+
+
+def test_a_refusal_held_against_lightnings_begins_with_its_words_and_is_its_type() -> None:
+    class Ours(ValueError, KeyError):
+        def __str__(self) -> str:  # a KeyError would quote its message
+            return str(self.args[0])
+
+    lightnings = _raise(KeyError("BAD"))  # Lightning's words: "'BAD'", as str() of a KeyError quotes the key
+    found = assert_raises_as_lightning(lightnings, _raise(Ours("'BAD'. Choose one of: 'GOOD'.")))
+    assert isinstance(found, Ours)
+    two_sentences = _raise(ValueError("Unknown name 'x'. It must be one of: a, b."))
+    assert_raises_as_lightning(two_sentences, _raise(ValueError("Unknown name 'x'. Close matches: y.")), sentences=1)
+    for ours, wrong in [
+        (_raise(TypeError("'BAD'")), "not a subclass"),
+        (_raise(Ours("BAD is not valid")), "does not begin with Lightning's words"),
+        (lambda: None, "ours raised nothing"),
+    ]:
+        with pytest.raises(AssertionError, match=wrong):
+            assert_raises_as_lightning(lightnings, ours)
+    with pytest.raises(AssertionError, match="Lightning's call raised nothing"):
+        assert_raises_as_lightning(lambda: None, lightnings)
 
 
 def test_recorded_checks_keep_measured_values_and_errors(tmp_path: Path) -> None:

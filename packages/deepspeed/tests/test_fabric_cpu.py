@@ -29,7 +29,8 @@ def test_fabric_trains_saves_and_loads(tmp_path, name):
     assert report["failed_save"] == "injected failure mid-save"
     assert report["trained_further"] != report["trained"]  # so the failed save had something else to write
     assert [path.name for path in tmp_path.glob("*.ckpt")] == ["fabric.ckpt"]
-    assert report["missing"].startswith("No checkpoint at") and "missing.ckpt" in report["missing"]
+    assert report["missing"].startswith("The provided path is not a valid DeepSpeed checkpoint")
+    assert "No checkpoint at that path" in report["missing"] and "missing.ckpt" in report["missing"]
     assert report["user_state"] == {"step": 6, "global_steps": 60, "mp_world_size": 4}
     assert report["restored_engine_steps"] == report["engine_steps"]  # DeepSpeed's own count, not the user's 60
     assert any("does not support skipping the gradient synchronization" in text for text in report["no_sync_warnings"])

@@ -131,28 +131,28 @@ def test_sharded_save_refuses_storage_options(tmp_path: Path) -> None:
 @pytest.mark.parametrize("state", [{}, {"model": nn.Linear(3, 3)}])
 def test_fabric_save_without_a_set_up_model_is_refused(state: dict, tmp_path: Path) -> None:
     """fabric::test_save_checkpoint_one_fsdp_module_required (no model)"""
-    with pytest.raises(ValueError, match=r"exactly one model set up with fabric.setup\(\); found 0"):
+    with pytest.raises(ValueError, match="Could not find a FSDP model in the provided checkpoint state"):
         FSDP2FabricStrategy().save_checkpoint(tmp_path / "ckpt", state)
 
 
 @pytest.mark.parametrize("state", [None, {}])
 def test_fabric_load_needs_the_objects_to_restore(state: Any, tmp_path: Path) -> None:
     """fabric::test_load_checkpoint_no_state"""
-    with pytest.raises(ValueError, match=r"needs state=\{'model': model"):
+    with pytest.raises(ValueError, match=r"Got FSDPStrategy\.load_checkpoint\(\.\.\., state="):
         FSDP2FabricStrategy().load_checkpoint(tmp_path, state=state)
 
 
 @pytest.mark.parametrize("state", [{"other": "data"}, {"model": nn.Linear(3, 3)}])
 def test_fabric_load_without_a_set_up_model_is_refused(state: dict, tmp_path: Path) -> None:
     """fabric::test_load_checkpoint_one_fsdp_module_required (no model)"""
-    with pytest.raises(ValueError, match=r"exactly one model set up with fabric.setup\(\); found 0"):
+    with pytest.raises(ValueError, match="Could not find a FSDP model in the provided checkpoint state"):
         FSDP2FabricStrategy().load_checkpoint(tmp_path, state=state)
 
 
 def test_fabric_load_of_an_optimizer_alone_is_not_supported(tmp_path: Path) -> None:
     """fabric::test_load_raw_checkpoint_optimizer_unsupported"""
     optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
-    with pytest.raises(NotImplementedError, match=r"an optimizer alone.*fabric.load\(path, \{'model'"):
+    with pytest.raises(NotImplementedError, match=r"a single optimizer object.*fabric.load\(path, \{'model'"):
         FSDP2FabricStrategy().load_checkpoint(tmp_path / "optimizer.pt", state=optimizer)
 
 
@@ -184,7 +184,9 @@ def test_checkpoint_state_with_two_models_is_refused(sharded_checks: dict[str, A
     """fabric::test_save_checkpoint_one_fsdp_module_required, fabric::test_load_checkpoint_one_fsdp_module_required
     (several models)"""
     for method in ("save", "load"):
-        assert sharded_checks[f"two_models_{method}"].startswith("ValueError: FSDPStrategy checkpoints hold exactly")
+        assert sharded_checks[f"two_models_{method}"].startswith(
+            "ValueError: Found multiple FSDP models in the given state."
+        )
 
 
 def test_saving_over_existing_paths(sharded_checks: dict[str, Any]) -> None:
@@ -212,6 +214,17 @@ def test_load_raw_reads_a_plain_state_dict_file(sharded_checks: dict[str, Any]) 
 def test_load_raw_of_a_folder_is_refused(sharded_checks: dict[str, Any]) -> None:
     """fabric::test_load_raw_checkpoint_validate_single_file"""
     assert sharded_checks["load_raw_folder_is_value_error"] is True, sharded_checks["load_raw_folder"]
+
+
+def test_a_requested_key_the_checkpoint_lacks_is_refused_unless_loading_is_not_strict(
+    sharded_checks: dict[str, Any],
+) -> None:
+    """fabric::test_fsdp_integration.py::test_train_save_load (a key not in the checkpoint), in Lightning's words"""
+    from lightning.fabric.strategies.strategy import _validate_keys_for_strict_loading
+
+    lightnings = error_of(lambda: _validate_keys_for_strict_loading(["coconut"], [], strict=True))
+    assert sharded_checks["load_unknown_key"] == lightnings
+    assert sharded_checks["load_unknown_key_not_strict"] == {"coconut": 11}
 
 
 def _run_sharded_checks(folder: Path) -> None:
@@ -256,6 +269,11 @@ def _run_sharded_checks(folder: Path) -> None:
     save_over("full over a file", folder / "sharded.ckpt", "full")
     save_over("sharded over a file", folder / "sharded.ckpt", "sharded")
     results["save_over"] = outcome
+
+    unknown = {"model": model, "coconut": 11}
+    results["load_unknown_key"] = error_of(lambda: fabric.load(folder / "sharded.ckpt", unknown))
+    fabric.load(folder / "sharded.ckpt", unknown, strict=False)
+    results["load_unknown_key_not_strict"] = {"coconut": unknown["coconut"]}
 
     empty = folder / "empty"
     empty.mkdir()

@@ -107,10 +107,10 @@ def refuse_weight_averaging(trainer: Any) -> None:
     """Lightning's StochasticWeightAveraging refuses its sharded strategies (DeepSpeed, FSDP) by class; Gemini
     shards as they do, and Lightning has no class of it to check, so the strategy refuses for itself."""
     if any(isinstance(callback, StochasticWeightAveraging) for callback in trainer.callbacks):
-        raise MisconfigurationException(
-            "StochasticWeightAveraging keeps a full copy of the model, which ColossalAI's Gemini holds in shards "
-            "(chunks spread over ranks and devices); Lightning refuses it for its sharded strategies as well. "
-            "Remove the callback, or train with Trainer(strategy='ddp') to average weights."
+        raise MisconfigurationException(  # Lightning's words for its sharded strategies first
+            "SWA does not currently support sharded models. StochasticWeightAveraging keeps a full copy of the "
+            "model, which ColossalAI's Gemini holds in shards (chunks spread over ranks and devices). Remove the "
+            "callback, or train with Trainer(strategy='ddp') to average weights."
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 from types import ModuleType
 from typing import Any
@@ -84,7 +85,10 @@ class LazyStrategy:
         self.namespace = namespace
 
     def __call__(self, **init_params: Any) -> Any:
-        entry = get_registry().entry(self.name)
+        try:
+            entry = get_registry().entry(self.name)
+        except StrategyLookupError as error:  # the name's plugin is gone since: Lightning would call it invalid
+            raise StrategyLookupError(f"{invalid_name_sentence(self.name)} {error}") from None
         return entry.load_class(self.namespace)(**init_params)
 
     def __repr__(self) -> str:
@@ -123,7 +127,8 @@ def fill_lightning_registry(lightning_registry: Any, namespace: str, registry: S
         for name in names:
             if name in registry or name in LIGHTNING_BUILTIN_NAMES or name in lightning_registry:
                 continue
-            missing = StrategyLookupError(registry.unknown_name_message(name))
+            # Lightning would call the name invalid: its words first, then what to install.
+            missing = StrategyLookupError(f"{invalid_name_sentence(name)} {registry.unknown_name_message(name)}")
             lightning_registry.register(name, _Unavailable(missing), description="not installed")
 
 
@@ -161,9 +166,13 @@ def _patch_connector(connector: Any, namespace: str) -> None:
             strategy = kwargs.get("strategy", args[0] if args else None)
             if isinstance(strategy, str) and "invalid strategy name" in str(error):
                 lightning_names = getattr(self, "_registered_strategies", ())
-                message = get_registry().unknown_name_message(strategy.lower(), lightning_names, namespace)
-                # Ours replaces Lightning's: its list of choices misses our names and the install line.
-                raise StrategyLookupError(message) from None
+                name = strategy.lower()
+                message = get_registry().unknown_name_message(name, lightning_names, namespace)
+                # Lightning's first sentence stays, so that a match= written against it passes; its list of choices
+                # gives way to ours, which has our names and the install line.
+                lightnings = re.split(r"(?<=\.)\s+", str(error), maxsplit=1)[0]
+                message = message.removeprefix(f"Unknown strategy name {name!r}.").lstrip()
+                raise StrategyLookupError(f"{lightnings} {message}") from None
             raise
 
     @functools.wraps(init_accelerator)
@@ -201,6 +210,11 @@ def _patch_connector(connector: Any, namespace: str) -> None:
     connector._check_strategy_and_fallback = check_strategy_and_fallback
     connector._init_strategy = init_strategy_checked
     connector._lightning_strategies_patched = True
+
+
+def invalid_name_sentence(name: str) -> str:
+    """Lightning's first sentence for a strategy name its registry lacks; ours begin with it."""
+    return f"You selected an invalid strategy name: `strategy={name!r}`."
 
 
 def _builtin_stands_in(name: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,12 +37,14 @@ __all__ = [
     "another_packages_checkpoint",
     "assert_install_hints_match",
     "assert_layout_identified_only_through",
+    "assert_raises_as_lightning",
     "check_lightning_cli_builds",
     "check_trainer_and_fabric_agree",
     "checkpoint_layouts_described",
     "described",
     "error_of",
     "free_port",
+    "lightnings_strategy_name_check",
     "process_state",
     "raised_by",
     "record_checks",
@@ -217,6 +220,50 @@ def described(error: BaseException | None) -> str:
 def error_of(call: Callable[[], object]) -> str:
     """``described(raised_by(call))``: what a call raised, as a recorded result says it."""
     return described(raised_by(call))
+
+
+def assert_raises_as_lightning(
+    lightning: Callable[[], object], ours: Callable[[], object], sentences: int | None = None
+) -> Exception:
+    """Hold one of our refusals against Lightning's for the same input, and return ours.
+
+    ``lightning()`` runs Lightning's own class and must raise (else the input no longer shows Lightning's refusal);
+    ``ours()`` must raise that type, or a subclass, with a message that begins with Lightning's, so that a
+    ``pytest.raises(..., match=...)`` written against Lightning passes on ours. ``sentences``: where ours keeps only
+    Lightning's first sentences and replaces the rest (Lightning's advice that does not hold for ours), how many.
+    """
+    theirs = raised_by(lightning)
+    assert theirs is not None, "Lightning's call raised nothing: this input no longer shows its refusal"
+    mine = raised_by(ours)
+    assert mine is not None, f"Lightning raises {described(theirs)}; ours raised nothing"
+    assert isinstance(mine, type(theirs)), (
+        f"Lightning raises {type(theirs).__name__}; ours {type(mine).__name__}, not a subclass: {mine}"
+    )
+    words = str(theirs)
+    if sentences is not None:
+        words = " ".join(re.split(r"(?<=\.)\s+", words)[:sentences])
+    assert str(mine).startswith(words), f"ours does not begin with Lightning's words.\nLightning: {words}\nOurs: {mine}"
+    return mine
+
+
+def lightnings_strategy_name_check(name: str, entry_point: str = "Trainer") -> None:
+    """Run Lightning's own check of a ``strategy=`` name (its connector's, which core wraps) as if Lightning's registry
+    held no ``name``: it raises Lightning's "invalid strategy name" error, for ``assert_raises_as_lightning``.
+    ``entry_point``: "Trainer" or "Fabric"."""
+    from types import SimpleNamespace
+
+    if entry_point == "Trainer":
+        from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector as connector
+
+        extra = {"sync_batchnorm": False}
+    else:
+        from lightning.fabric.connector import _Connector as connector  # type: ignore[assignment]
+
+        extra = {}
+    wrapped = connector._check_config_and_set_final_flags
+    check = getattr(wrapped, "__wrapped__", wrapped)  # Lightning's own, under core's wrapper
+    state: Any = SimpleNamespace(_registered_strategies=[])  # all the check reads of a connector
+    check(state, strategy=name, accelerator="cpu", precision=None, plugins=None, **extra)
 
 
 def record_checks(checks: Mapping[str, Callable[[], Any]], out: str | os.PathLike[str]) -> None:

@@ -40,6 +40,20 @@ SHARED_MEMORY_OP = "deepspeed_shm_comm"  # the op DeepSpeed's CPU accelerator bu
 _DEEPSPEED_ACCELERATORS = {"cpu": "cpu", "cuda": "cuda"}
 
 
+class AcceleratorError(RuntimeError, ValueError):
+    """An accelerator DeepSpeed does not run on: a RuntimeError, as Lightning's DeepSpeed strategies raise there, and a
+    ValueError, as ours raised before."""
+
+
+def check_accelerator(device_type: str, accelerator: Any) -> None:
+    """Refuse, in Lightning's words, a device other than CUDA or CPU before a run begins."""
+    if device_type not in _DEEPSPEED_ACCELERATORS:
+        raise AcceleratorError(
+            f"The DeepSpeed strategy is only supported on CUDA GPUs but `{type(accelerator).__name__}` is used. "
+            "lightning-strategies runs it on CPU as well: use accelerator='cuda' or accelerator='cpu'."
+        )
+
+
 class RunChanges:
     """What this module changed in the process for one run: variables in ``os.environ``, DeepSpeed's log level."""
 

@@ -31,7 +31,7 @@ from lightning_strategies.checkpoints import recover, staged_save
 from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed.backend import begin_run, export_ranks, import_deepspeed
+from lightning_strategies_deepspeed.backend import begin_run, check_accelerator, export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
@@ -62,6 +62,9 @@ class _ParallelStrategy(Protocol):
 
     @property
     def root_device(self) -> torch.device: ...
+
+    @property
+    def accelerator(self) -> Any: ...
 
     @property
     def world_size(self) -> int: ...
@@ -180,6 +183,7 @@ class DeepSpeedBody(LightningAttributesMixin):
     # -- start-up ----------------------------------------------------------------------------
 
     def setup_environment(self: _ParallelStrategy) -> None:
+        check_accelerator(self.root_device.type, self.accelerator)
         # What the run changes in the process is undone at teardown; Fabric never tears its strategy down,
         # so there it is undone once the strategy is gone (or the next run begins).
         self._end_run = weakref.finalize(self, begin_run().undo)
@@ -283,7 +287,9 @@ class DeepSpeedBody(LightningAttributesMixin):
     def _refuse_eager_init_under_zero_3(self: _ParallelStrategy, empty_init: bool | None) -> None:
         if self.zero_stage_3 and empty_init is False:
             raise NotImplementedError(
-                "empty_init=False is not possible with ZeRO stage 3, which creates parameters partitioned."
+                "`empty_init=False` is not a valid choice with `DeepSpeedStrategy` when ZeRO stage 3 is enabled. "
+                "ZeRO stage 3 creates the parameters partitioned: leave empty_init unset, or use stage 2 to create "
+                "the whole model in every process."
             )
 
     def _finish_partitioned_models(self: _ParallelStrategy, module: torch.nn.Module) -> None:

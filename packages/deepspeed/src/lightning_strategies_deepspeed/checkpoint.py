@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies import CheckpointError, CheckpointNotFoundError
 from lightning_strategies.checkpoints import check_file, foreign_checkpoint_error, load_file, staged_save
@@ -45,6 +46,18 @@ _DEEPSPEED_KEYS = frozenset(
 _SHADOWED_KEYS = "lightning_strategies_shadowed_keys"
 
 
+# Lightning's words for a path that holds no DeepSpeed checkpoint (a FileNotFoundError), and for one DeepSpeed finds
+# nothing to load in, which ours begin with.
+_NOT_A_CHECKPOINT = "The provided path is not a valid DeepSpeed checkpoint: {path}. "
+_UNABLE_TO_LOAD = "DeepSpeed was unable to load the checkpoint. "
+
+
+class CheckpointNotLoadedError(CheckpointError, MisconfigurationException, RuntimeError):
+    """A DeepSpeed checkpoint with nothing for DeepSpeed to load in it. Where DeepSpeed finds nothing, Lightning's
+    Trainer strategy raises a MisconfigurationException and its Fabric strategy a RuntimeError; ours knows before
+    loading."""
+
+
 def _is_tag_folder(path: Path) -> bool:
     return any(path.joinpath(name).is_file() for name in _RANK_0_MODEL_STATES)
 
@@ -61,9 +74,9 @@ def _rank_0_model_states(tag_folder: Path) -> Path:
     for name in _RANK_0_MODEL_STATES:
         if tag_folder.joinpath(name).is_file():
             return tag_folder / name
-    raise CheckpointError(
-        f"{tag_folder} holds no model-states file of rank 0 ({_MODEL_STATES}): the checkpoint is incomplete. Copy it "
-        "again from where it was written, or use an earlier checkpoint."
+    raise CheckpointNotLoadedError(
+        f"{_UNABLE_TO_LOAD}{tag_folder} holds no model-states file of rank 0 ({_MODEL_STATES}): the checkpoint is "
+        "incomplete. Copy it again from where it was written, or use an earlier checkpoint."
     )
 
 
@@ -105,10 +118,10 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
         if path.joinpath(latest_name).is_file():
             tag = path.joinpath(latest_name).read_text().strip()
             if not tag or not _is_tag_folder(path / tag):
-                raise CheckpointError(
-                    f"The DeepSpeed checkpoint {path} is incomplete: its '{latest_name}' file names the tag {tag!r}, "
-                    f"but there is no folder {path / tag} holding {_MODEL_STATES}. Copy it again from where it was "
-                    "written, or resume from an earlier checkpoint."
+                raise CheckpointNotLoadedError(
+                    f"{_UNABLE_TO_LOAD}The DeepSpeed checkpoint {path} is incomplete: its '{latest_name}' file names "
+                    f"the tag {tag!r}, but there is no folder {path / tag} holding {_MODEL_STATES}. Copy it again "
+                    "from where it was written, or resume from an earlier checkpoint."
                 )
             return CheckpointLocation(path, tag, universal)
     tags = sorted(child.name for child in path.iterdir() if _is_tag_folder(child)) if path.is_dir() else []
@@ -116,16 +129,18 @@ def locate(path: str | os.PathLike) -> CheckpointLocation:
         return CheckpointLocation(path, tags[0], path.joinpath(tags[0], "zero").is_dir())
     if len(tags) > 1:
         raise CheckpointNotFoundError(
-            f"{path} holds several DeepSpeed checkpoints ({', '.join(tags)}) and no 'latest' file naming one. "
-            f"Pass the one to load, e.g. {path / tags[-1]}."
+            f"{_NOT_A_CHECKPOINT.format(path=path)}It holds several DeepSpeed checkpoints ({', '.join(tags)}) and no "
+            f"'latest' file naming one. Pass the one to load, e.g. {path / tags[-1]}."
         )
     if not path.exists():
         raise CheckpointNotFoundError(
-            f"No checkpoint at {path}. Check the path: a DeepSpeed checkpoint is the directory given to "
-            "trainer.save_checkpoint or written by ModelCheckpoint (a 'latest' file and a 'checkpoint' folder)."
+            f"{_NOT_A_CHECKPOINT.format(path=path)}No checkpoint at that path. Check the path: a DeepSpeed checkpoint "
+            "is the directory given to trainer.save_checkpoint or written by ModelCheckpoint (a 'latest' file and a "
+            "'checkpoint' folder)."
         )
     # Lightning's DeepSpeed strategies raise FileNotFoundError for a path that holds no DeepSpeed checkpoint.
-    raise CheckpointNotFoundError(*foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS).args)
+    foreign = foreign_checkpoint_error(path, "DeepSpeedStrategy", _READS)
+    raise CheckpointNotFoundError(f"{_NOT_A_CHECKPOINT.format(path=path)}{foreign}")
 
 
 def inspect(
@@ -166,9 +181,9 @@ def load_into_engine(
             load_module_strict=strict,
         )
     if client_state is None:
-        raise CheckpointError(
-            f"DeepSpeed found nothing to load in {location.tag_folder}. Pass the directory the strategy saved, or "
-            "a single weights file with load_full_weights=True."
+        raise CheckpointNotLoadedError(
+            f"{_UNABLE_TO_LOAD}It found nothing to load in {location.tag_folder}. Pass the directory the strategy "
+            "saved, or a single weights file with load_full_weights=True."
         )
     return _restore_shadowed_keys(client_state)
 

@@ -54,6 +54,11 @@ class ConfigFileNotFoundError(FileNotFoundError, MisconfigurationException):
     FileNotFoundError."""
 
 
+class DeepSpeedConfigurationError(MisconfigurationException, ValueError):
+    """A setting Lightning's DeepSpeed strategy refuses with a MisconfigurationException; a ValueError too, as ours
+    raised before it took Lightning's type."""
+
+
 def validate_parameters(parameters: Mapping[str, Any]) -> None:
     """Raise on a wrong type or an unknown value; nothing here depends on the machine."""
     for name in _BOOLEANS:
@@ -254,7 +259,8 @@ def load_user_config(config: str | os.PathLike | Mapping[str, Any] | None) -> di
     path = Path(config)
     if not path.is_file():
         raise ConfigFileNotFoundError(
-            f"{STRATEGY}(config={str(config)!r}): no such file. Pass the path of a DeepSpeed JSON config, or a dict."
+            f"You passed in a path to a DeepSpeed config but the path does not exist: {config}. "
+            f"{STRATEGY}(config=...) takes the path of a DeepSpeed JSON config, or a dict."
         )
     try:
         loaded = json.loads(path.read_text())
@@ -276,10 +282,12 @@ def check_device_indices(devices: Sequence[Any]) -> None:
     indices = [device.index for device in devices if device.type == "cuda"]
     if not indices or indices == list(range(len(devices))):
         return
+    visible = ",".join(str(index) for index in indices)
     raise RuntimeError(
-        f"The GPUs chosen ({indices}) are not cuda:0 to cuda:{len(devices) - 1} in rank order, but DeepSpeed runs "
-        f"each process on the GPU numbered as its local rank. Choose the GPUs with the environment instead: "
-        f"CUDA_VISIBLE_DEVICES={','.join(str(index) for index in indices)} and devices={len(devices)}."
+        f"The selected device indices {indices!r} don't match the local rank values of processes. If you need to "
+        "select GPUs at a specific index, set the `CUDA_VISIBLE_DEVICES` environment variable instead. For example: "
+        f"`CUDA_VISIBLE_DEVICES={visible}`. DeepSpeed runs each process on the GPU numbered as its local rank, so "
+        f"choose them with CUDA_VISIBLE_DEVICES={visible} and devices={len(devices)}."
     )
 
 
@@ -322,11 +330,17 @@ def resolve_accumulation(config: Mapping[str, Any], accumulate_grad_batches: int
     if configured in (None, "auto"):
         return accumulate_grad_batches
     if not isinstance(configured, int) or isinstance(configured, bool) or configured < 1:
-        raise ValueError(f"DeepSpeed config gradient_accumulation_steps={configured!r} must be a positive integer.")
+        # Not Lightning's words ("Do not set `gradient_accumulation_steps`"): with Fabric the config is where
+        # accumulation is set, and ours reads it with the Trainer too.
+        raise DeepSpeedConfigurationError(
+            f"DeepSpeed config gradient_accumulation_steps={configured!r} must be a positive integer."
+        )
     if accumulate_grad_batches not in (1, configured):
-        raise ValueError(
-            f"Trainer(accumulate_grad_batches={accumulate_grad_batches}) and the DeepSpeed config's "
-            f"gradient_accumulation_steps={configured} disagree. Set one of them (or both to the same value)."
+        raise DeepSpeedConfigurationError(
+            "Do not set `gradient_accumulation_steps` in the DeepSpeed config as this will be set with the "
+            "`accumulate_grad_batches` argument passed via the Lightning Trainer. Here Trainer("
+            f"accumulate_grad_batches={accumulate_grad_batches}) and the config's gradient_accumulation_steps="
+            f"{configured} disagree: set one of them (or both to the same value)."
         )
     return configured
 
@@ -350,9 +364,9 @@ def add_gradient_clipping(config: dict[str, Any], clip_value: float | None, algo
             config["gradient_clipping"] = 0.0
         return
     if algorithm not in (None, "norm"):
-        raise ValueError(
-            f"Trainer(gradient_clip_algorithm={algorithm!r}) is not available with DeepSpeed, which clips by the "
-            "gradients' global norm only. Use gradient_clip_algorithm='norm'."
+        raise DeepSpeedConfigurationError(
+            f"DeepSpeed does not support clipping gradients by value. Trainer(gradient_clip_algorithm={algorithm!r}): "
+            "DeepSpeed clips by the gradients' global norm only. Use gradient_clip_algorithm='norm'."
         )
     configured = config.get("gradient_clipping")
     if configured not in (None, "auto", 0, 0.0) and float(configured) != float(clip_value):

@@ -23,7 +23,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from lightning_strategies import check_choice, constructor_for
+from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import weights_only_keyword
 from lightning_strategies.hugging_face import deferred_pretrained_loading
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
@@ -38,8 +38,7 @@ class DeepSpeedFabricPrecision(LightningFabricDeepSpeedPrecision):
     """Casts inputs (and, for ``*-true``, the module); the engine does the rest."""
 
     def __init__(self, precision: str = "32-true") -> None:
-        checked = check_choice("DeepSpeedFabricPrecision", "precision", str(precision), tuple(DTYPES))
-        super().__init__(checked)
+        super().__init__(precision)  # type: ignore[arg-type]  # Lightning's refuses the flags DeepSpeed has no dtype for
         self.dtype = DTYPES[self.precision]
 
     def convert_module(self, module: Module) -> Module:
@@ -56,6 +55,13 @@ class DeepSpeedFabricPrecision(LightningFabricDeepSpeedPrecision):
 
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         return optimizer.step(**kwargs)  # the engine: it steps on the accumulation boundary
+
+
+# Lightning's words for clipping asked of the Fabric strategy, which ours begin with.
+_CLIPPING_IN_THE_CONFIG = (
+    "DeepSpeed handles gradient clipping automatically within the optimizer. "
+    "Make sure to set the `gradient_clipping` value in your Config."
+)
 
 
 def _to_floating_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -116,7 +122,10 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
 
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
         if len(optimizers) != 1:
-            raise ValueError(f"DeepSpeed drives one optimizer per model; got {len(optimizers)}. Set up one per model.")
+            raise ValueError(
+                f"Currently only one optimizer is supported with DeepSpeed. Got {len(optimizers)} optimizers instead. "
+                "Set up each model with its one optimizer: fabric.setup(model, optimizer)."
+            )
         self._finish_partitioned_models(module)
         engine, optimizer, _, scheduler = self._initialize_engine(module, optimizers[0], scheduler)
         self._engine = engine
@@ -129,7 +138,9 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         raise NotImplementedError(
-            "DeepSpeed sets up a model and its optimizer together: use fabric.setup(model, optimizer)."
+            "The `DeepSpeedStrategy` does not support setting up the module and optimizer(s) independently. Please "
+            "call `setup_module_and_optimizers(model, [optimizer, ...])` to jointly set them up. With Fabric: use "
+            "fabric.setup(model, optimizer)."
         )
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
@@ -157,19 +168,30 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
 
     def clip_gradients_norm(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         raise NotImplementedError(
-            "DeepSpeed clips gradients inside its step: pass config={'gradient_clipping': max_norm} to the strategy."
+            f"{_CLIPPING_IN_THE_CONFIG} DeepSpeed clips inside its step: pass "
+            "DeepSpeedStrategy(config={..., 'gradient_clipping': max_norm})."
         )
 
     def clip_gradients_value(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError("DeepSpeed clips by the gradients' global norm only, not by value.")
+        raise NotImplementedError(
+            f"{_CLIPPING_IN_THE_CONFIG} DeepSpeed clips by the gradients' global norm only, not by value."
+        )
 
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: dict[str, Callable] | None = None
     ) -> None:
         """One DeepSpeed checkpoint directory at ``path``; the non-module entries of ``state`` travel inside."""
-        if storage_options is not None or filter is not None:
-            raise TypeError("DeepSpeed writes its own files: storage_options and filter are not supported.")
-        engine = _single_engine(state)
+        if storage_options is not None:
+            raise TypeError(
+                "`DeepSpeedStrategy.save_checkpoint(..., storage_options=...)` is not supported because "
+                "`DeepSpeedStrategy` does not use the `CheckpointIO`. DeepSpeed writes its own files."
+            )
+        if filter is not None:
+            raise TypeError(
+                "`DeepSpeedStrategy.save_checkpoint(..., filter=...)` is not supported because `DeepSpeedStrategy` "
+                "manages the state serialization internally. DeepSpeed writes its own files."
+            )
+        engine = _single_engine(state, "save")
         client_state = {
             key: value
             for key, value in state.items()
@@ -186,10 +208,14 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
             return super().load_checkpoint(path=path, state=state, strict=strict, **weights_only_keyword(weights_only))
         if not state:
             raise ValueError(
-                "Pass the objects to restore: fabric.load(path, {'model': model, 'optimizer': optimizer, ...})."
+                f"Got DeepSpeedStrategy.load_checkpoint(..., state={state!r}) but a state with at least  a model "
+                "instance to reload is required. Pass it in like so: DeepSpeedStrategy.load_checkpoint(..., "
+                "state={'model': model, ...}). With Fabric: fabric.load(path, {'model': model, 'optimizer': "
+                "optimizer, ...})."
             )
-        engine = _single_engine(state)
+        # The path is checked before the state, as by Lightning's strategy, so the same mistake gets the same error.
         location, layout = checkpoints.inspect(path, weights_only)
+        engine = _single_engine(state, "load")
         wants_optimizer = any(
             isinstance(value, Optimizer) or _is_deepspeed_optimizer(value) for value in state.values()
         )
@@ -217,13 +243,28 @@ def _is_deepspeed_optimizer(value: Any) -> bool:
     return type(value).__module__.startswith("deepspeed.") and hasattr(value, "step") and not isinstance(value, Module)
 
 
-def _single_engine(state: dict[str, Any]) -> Any:
+def _single_engine(state: dict[str, Any], action: str) -> Any:
+    """The one engine of ``state``, or Lightning's words for none or several (``action``: "save" or "load")."""
     from deepspeed import DeepSpeedEngine
 
     engines = [value for value in state.values() if isinstance(value, DeepSpeedEngine)]
-    if len(engines) != 1:
+    if not engines:
+        doing = "saving" if action == "save" else "loading"
         raise ValueError(
-            f"The checkpoint state must hold exactly one model set up by fabric.setup(); found {len(engines)}. "
-            "Save and load one model per checkpoint."
+            "Could not find a DeepSpeed model in the provided checkpoint state. Please provide the model as part of "
+            f"the state like so: `{action}_checkpoint(..., state={{'model': model, ...}})`. Make sure you set up the "
+            f"model (and optimizers if any) through the strategy before {doing} the checkpoint."
+        )
+    if len(engines) > 1:
+        if action == "save":
+            raise ValueError(
+                "Found multiple DeepSpeed engine modules in the given state. Saving checkpoints with DeepSpeed is "
+                "currently limited to a single model per checkpoint. To save multiple models, call the save method "
+                "for each model separately with a different path."
+            )
+        raise ValueError(
+            "Found multiple DeepSpeed engine modules in the given state. Saving and loading checkpoints with "
+            "DeepSpeed is currently limited to a single model per checkpoint. To load multiple model states, call "
+            "the load method for each model checkpoint separately."
         )
     return engines[0]

@@ -15,8 +15,8 @@ from lightning.fabric.utilities.types import Steppable
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision as LightningDeepSpeedPrecision
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_strategies import check_choice
 from lightning_strategies_deepspeed.body import DTYPES
+from lightning_strategies_deepspeed.config import DeepSpeedConfigurationError
 
 
 # Subclassing Lightning's plugin (every method of which is overridden here) lets the places that check for it by
@@ -25,8 +25,7 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
     """DeepSpeed keeps its own fp32 master weights in fp16/bf16 mode; Lightning only casts inputs."""
 
     def __init__(self, precision: str = "32-true") -> None:
-        checked = check_choice("DeepSpeedPrecision", "precision", str(precision), tuple(DTYPES))
-        super().__init__(checked)
+        super().__init__(precision)  # type: ignore[arg-type]  # Lightning's refuses the flags DeepSpeed has no dtype for
         self.dtype = DTYPES[self.precision]
         self._in_optimizer_step = False
 
@@ -61,8 +60,9 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
         self, optimizer: Steppable, model: Any, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
         if isinstance(optimizer, torch.optim.LBFGS):
-            raise ValueError(
-                "DeepSpeed cannot drive LBFGS, whose step re-evaluates the closure. Use another optimizer."
+            raise DeepSpeedConfigurationError(
+                "DeepSpeed and the LBFGS optimizer are not compatible. The engine cannot drive LBFGS, whose step "
+                "re-evaluates the closure: use another optimizer."
             )
         self._in_optimizer_step = True
         try:
@@ -71,9 +71,9 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
             self._in_optimizer_step = False
         self._after_closure(model, optimizer)
         if model.automatic_optimization and closure_result is None:
-            raise ValueError(
-                "training_step returned None, which skips backward; DeepSpeed cannot skip a step this way "
-                "because every rank must take part. Return a loss on every rank."
+            raise DeepSpeedConfigurationError(
+                "Skipping backward by returning `None` from your `training_step` is not supported by `DeepSpeed`. "
+                "Every rank must take part in each step: return a loss on every rank."
             )
         return model.trainer.model.step(**kwargs)
 

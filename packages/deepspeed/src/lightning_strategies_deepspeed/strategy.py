@@ -152,9 +152,10 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             assert self.lightning_module is not None
             optimizers, scheduler_configs = _init_optimizers_and_lr_schedulers(self.lightning_module)
             if len(optimizers) != 1 or len(scheduler_configs) > 1:
-                raise ValueError(
-                    f"DeepSpeed drives one optimizer (and at most one scheduler); configure_optimizers returned "
-                    f"{len(optimizers)} optimizers and {len(scheduler_configs)} schedulers."
+                raise settings.DeepSpeedConfigurationError(
+                    "DeepSpeed currently only supports single optimizer, single optional scheduler. "
+                    f"configure_optimizers returned {len(optimizers)} optimizers and {len(scheduler_configs)} "
+                    "schedulers: return one optimizer, and at most one scheduler."
                 )
             optimizer = optimizers[0]
         engine, deepspeed_optimizer, _, _ = self._initialize_engine(model, optimizer)
@@ -247,7 +248,8 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside."""
         if storage_options is not None:
             raise TypeError(
-                "DeepSpeedStrategy.save_checkpoint does not take storage_options: DeepSpeed writes the files."
+                "`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg is not supported for "
+                f"`{type(self).__name__}` as `CheckpointIO` is not used. DeepSpeed writes the files itself."
             )
         record_models(checkpoint, self.lightning_module)
         client_state = {

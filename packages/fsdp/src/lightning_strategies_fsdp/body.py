@@ -27,7 +27,6 @@ from lightning.fabric.utilities.distributed import _distributed_is_initialized, 
 from lightning.fabric.utilities.distributed import group as distributed_group
 from torch import Tensor, nn
 
-from lightning_strategies import check_choice
 from lightning_strategies.checkpoints import recover_before_load
 from lightning_strategies.hugging_face import deferred_pretrained_loading
 from lightning_strategies_fsdp import checkpoint as checkpoints
@@ -104,7 +103,13 @@ class FSDP2Body(LightningAttributesMixin, ProcessGroupMixin):
         arguments = locals()
         self.options = parse_options(**{name: arguments[name] for name in SHARDING_PARAMETERS}, **kwargs)
         self.mixed_precision = mixed_precision
-        self.state_dict_type = check_choice(STRATEGY, "state_dict_type", state_dict_type, STATE_DICT_TYPES)
+        if state_dict_type not in STATE_DICT_TYPES:
+            # Lightning's words, which it says only when saving or loading; ours refuses the strategy at once.
+            raise ValueError(
+                f"Unknown state_dict_type: {state_dict_type}. {STRATEGY}(state_dict_type={state_dict_type!r}) is not "
+                f"valid. Choose one of: {', '.join(map(repr, STATE_DICT_TYPES))}."
+            )
+        self.state_dict_type = state_dict_type
         self._process_group_backend = process_group_backend
         self._timeout = timeout
         self._device_mesh: DeviceMesh | None = None
@@ -187,9 +192,10 @@ class FSDP2Body(LightningAttributesMixin, ProcessGroupMixin):
     def _refuse_storage_options(self, storage_options: Any) -> None:
         if storage_options is not None and not self._full_state:
             raise TypeError(
-                f"{STRATEGY}(state_dict_type='sharded') writes checkpoints with torch.distributed.checkpoint, which "
-                "takes no storage_options. Drop storage_options, or save with state_dict_type='full', which writes "
-                "through the CheckpointIO plugin."
+                f"`{STRATEGY}.save_checkpoint(..., storage_options=...)` is not supported because `{STRATEGY}` does "
+                f"not use the `CheckpointIO`. Here {STRATEGY}(state_dict_type='sharded') writes checkpoints with "
+                "torch.distributed.checkpoint, which takes no storage_options: drop them, or save with "
+                "state_dict_type='full', which writes through the CheckpointIO plugin."
             )
 
     def _save_full(self, path: Path, state: dict[str, Any], storage_options: Any) -> None:

@@ -76,8 +76,8 @@ def refuse_replacing_folder(path: Path) -> None:
     if path.is_dir() and not is_sharded_checkpoint(path) and any(path.iterdir()):
         # Publishing swaps out whatever is at the path; a user's folder must not be lost to a mistyped name.
         raise IsADirectoryError(
-            f"Cannot save a checkpoint to {path}: it is a folder that holds no checkpoint, and saving replaces what "
-            "is at the path. Choose another path, or remove the folder first."
+            f"The checkpoint path exists and is a directory: {path}. It holds no checkpoint, and saving replaces what "
+            "is at the path: choose another path, or remove the folder first."
         )
 
 
@@ -215,9 +215,10 @@ def check_optimizer_states(
             )
         if saved_count != len(optimizers):
             raise OptimizerStatesError(
-                f"The checkpoint {path} holds the states of {saved_count} optimizer(s) but {len(optimizers)} are "
-                "configured. Resume with the same optimizers as the run that saved it (configure_optimizers), or "
-                "load only the weights (Model.load_from_checkpoint)."
+                f"You have configured {len(optimizers)} optimizers but the checkpoint contains {saved_count} "
+                "optimizers to load. Please resume training with the same number of optimizers or edit the checkpoint "
+                f"manually to remove states. The checkpoint is {path}: resume with the optimizers of the run that "
+                "saved it (configure_optimizers), or load only the weights (Model.load_from_checkpoint)."
             )
     if missing:
         raise OptimizerStatesError(

@@ -36,7 +36,7 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
     precision_keyword = "precision"
 
     def _finish_init(self) -> None:
-        self._backward_sync_control = _GradientSyncControl()
+        self._backward_sync_control = _FSDPBackwardSyncControl()
 
     def setup_environment(self) -> None:
         super().setup_environment()
@@ -82,9 +82,14 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
     ) -> None:
         self._refuse_storage_options(storage_options)
         if filter is not None:
-            raise NotImplementedError(f"{STRATEGY}.save_checkpoint(filter=...) is not supported.")
+            raise NotImplementedError(
+                "FSDP doesn't support loading sharded filtered checkpoints, so saving them is disabled. "
+                f"{STRATEGY} refuses a filter for full checkpoints as well: save without one."
+            )
         path = self._agreed_path(path)
-        _, model = _the_model(state)
+        # The path before the state, in the order Lightning's strategy checks them.
+        checkpoints.refuse_replacing_folder(path)
+        _, model = _the_model(state, "save")
         tensors: dict[str, Any] = {}
         metadata: dict[str, Any] = {}
         for key, value in state.items():
@@ -121,23 +126,31 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         if isinstance(state, Optimizer):
             # Its state is sharded as the model's parameters are: it loads only beside its model.
             raise NotImplementedError(
-                f"{STRATEGY}.load_checkpoint of an optimizer alone is not supported. Load it with its model: "
-                "fabric.load(path, {'model': model, 'optimizer': optimizer})."
+                "Loading a single optimizer object from a checkpoint is not supported yet with the FSDP strategy. "
+                "Load it with its model: fabric.load(path, {'model': model, 'optimizer': optimizer})."
             )
         if isinstance(state, Module):
             return self._load_raw_module(Path(self.broadcast(str(path))), state, strict, weights_only)
         if not isinstance(state, dict) or not state:
             raise ValueError(
-                f"{STRATEGY}.load_checkpoint needs state={{'model': model, 'optimizer': optimizer, ...}} with the "
-                f"set-up model in it, got {state!r}."
+                f"Got {STRATEGY}.load_checkpoint(..., state={state!r}) but a state with at least  a model instance to "
+                f"reload is required. Pass it in like so: {STRATEGY}.load_checkpoint(..., state={{'model': model, "
+                "...}). With Fabric: fabric.load(path, {'model': model, 'optimizer': optimizer, ...}), the model "
+                "set up with fabric.setup()."
             )
         path = self._path_to_load(path)
-        model_key, model = _the_model(state)
+        model_key, model = _the_model(state, "load")
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
         read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
         rest = checkpoints.load_into(
             path, model, model_key, optimizers, strict=strict, weights_only=weights_only, read_full=read_full
         )
+        missing = [key for key in state if key not in (model_key, *optimizers) and key not in rest]
+        if strict and missing:
+            raise KeyError(  # Lightning's words, whole: a KeyError's message is shown quoted
+                f"The requested state contains a key '{missing[0]}' that does not exist in the loaded checkpoint. "
+                "To disable strict loading, set `strict=False`."
+            )
         for key in list(state):
             if key in (model_key, *optimizers) or key not in rest:
                 continue
@@ -151,8 +164,9 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         """fabric.load_raw: one file holding the module's full state dict, as torch.save(model.state_dict()) writes."""
         if not path.is_file():
             raise ValueError(
-                f"{STRATEGY}: fabric.load_raw reads one file holding the model's full state dict, and {path} is not a "
-                "file. Pass that file, or load a checkpoint folder with fabric.load(path, {'model': model})."
+                "Failed to load checkpoint directly into the model. The given path must be a single file containing "
+                f"the full state dict: {path}. fabric.load_raw reads one file holding the model's full state dict: "
+                "pass that file, or load a checkpoint folder with fabric.load(path, {'model': model})."
             )
         read = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
         state_dict = read(path) if read is not None else load_file(path, weights_only, mmap=True, map_location="cpu")
@@ -175,23 +189,45 @@ def _check_rebindable(optimizer: Optimizer, names: dict[Any, str]) -> None:
         )
 
 
-def _the_model(state: dict[str, Any]) -> tuple[str, Module]:
+def _the_model(state: dict[str, Any], action: str) -> tuple[str, Module]:
+    """The one sharded model of ``state``, or Lightning's words for none or several (``action``: "save" or
+    "load")."""
     from torch.distributed.fsdp import FSDPModule
 
     models = [(key, value) for key, value in state.items() if isinstance(value, FSDPModule)]
-    if len(models) != 1:
+    if not models:
+        doing = "saving" if action == "save" else "loading"
         raise ValueError(
-            f"{STRATEGY} checkpoints hold exactly one model set up with fabric.setup(); found {len(models)} in the "
-            f"state keys {sorted(state)}."
+            "Could not find a FSDP model in the provided checkpoint state. Please provide the model as part of the "
+            f"state like so: `{action}_checkpoint(..., state={{'model': model, ...}})`. Make sure you set up the "
+            f"model (and optimizers if any) through the strategy before {doing} the checkpoint. The state's keys: "
+            f"{sorted(state)}; the model is the one fabric.setup() returned."
+        )
+    if len(models) > 1:
+        doing = "Saving" if action == "save" else "Loading"
+        raise ValueError(
+            f"Found multiple FSDP models in the given state. {doing} checkpoints with FSDP is currently limited to a "
+            f"single model per checkpoint. To {action} multiple models, call the {action} method for each model "
+            f"separately with a different path. Found them under {sorted(key for key, _ in models)}."
         )
     return models[0]
 
 
-class _GradientSyncControl(_BackwardSyncControl):
+class _FSDPBackwardSyncControl(_BackwardSyncControl):
+    """Named as Lightning's, whose name its refusal of a module not set up says."""
+
     @contextmanager
     def no_backward_sync(self, module: Module, enabled: bool) -> Any:
         if not enabled:
             yield
             return
+        from torch.distributed.fsdp import FSDPModule
+
+        if not any(isinstance(submodule, FSDPModule) for submodule in module.modules()):
+            raise TypeError(
+                "Blocking backward sync is only possible if the module passed to "
+                f"`{type(self).__name__}.no_backward_sync` is wrapped in `FullyShardedDataParallel`. Got: "
+                f"{type(module).__name__}. Here: sharded by FSDP2's fully_shard, as fabric.setup(module) does."
+            )
         with gradient_sync_paused(module):
             yield

@@ -59,6 +59,14 @@ BACKWARD_PREFETCH = (None, "BACKWARD_PRE", "BACKWARD_POST")
 STATE_DICT_TYPES = ("sharded", "full")
 
 
+class ShardingStrategyError(ValueError, KeyError):
+    """An unknown sharding strategy: a KeyError, as Lightning's FSDPStrategy raises looking the name up in FSDP1's
+    ShardingStrategy, and a ValueError, as ours raised before."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingOptions:
     """Everything ``fully_shard`` and the strategies need, validated once at construction."""
@@ -156,7 +164,15 @@ def _enum_name(value: Any) -> Any:
 
 
 def parse_sharding_strategy(value: Any) -> str:
-    return check_choice(STRATEGY, "sharding_strategy", _enum_name(value), SHARDING_STRATEGIES)
+    name = _enum_name(value)
+    if name not in SHARDING_STRATEGIES:
+        # Lightning's message is the name it looked up, quoted as a KeyError quotes it.
+        lightnings = f"{name!r}: " if isinstance(value, str) else ""
+        choices = ", ".join(repr(choice) for choice in SHARDING_STRATEGIES)
+        raise ShardingStrategyError(
+            f"{lightnings}{STRATEGY}(sharding_strategy={value!r}) is not valid. Choose one of: {choices}."
+        )
+    return str(name)
 
 
 def parse_backward_prefetch(value: Any) -> str | None:

@@ -57,15 +57,22 @@ _INDEX_VALUES = {
 _PATH_TYPES = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
 
 
+def _not_a_checkpoint(path: Path) -> str:
+    """Lightning's words for a path that is neither a sharded checkpoint folder nor a file, which ours begin with."""
+    return (
+        f"The path {str(path)!r} does not point to a valid checkpoint. Make sure the path points to either a "
+        "directory with FSDP checkpoint shards, or a single file with a full checkpoint."
+    )
+
+
 def check_checkpoint_path(path: Path) -> None:
     """Refuse a path holding neither a sharded (DCP folder) nor a full (single file) checkpoint of this package."""
     found = identify(path)
     if found is not None and found.key not in (DCP.key, FILE.key):  # another installed package's layout
-        raise foreign_checkpoint_error(path, STRATEGY, "a sharded checkpoint folder (DCP) or a full checkpoint file")
+        here = "a sharded checkpoint folder (DCP) or a full checkpoint file"
+        raise CheckpointError(f"{_not_a_checkpoint(path)} {foreign_checkpoint_error(path, STRATEGY, here)}")
     if not path.exists():
-        raise CheckpointError(
-            f"No checkpoint at {path}: expected a sharded checkpoint folder or a full checkpoint file. Check the path."
-        )
+        raise CheckpointError(f"{_not_a_checkpoint(path)} No checkpoint at that path. Check the path.")
     if path.is_file() or (path / DCP_METADATA_FILE).is_file():
         return
     if any(path.glob(f"*{SHARD_SUFFIX}")) or (path / METADATA_FILE).is_file():
@@ -74,8 +81,8 @@ def check_checkpoint_path(path: Path) -> None:
             f"incomplete. {_DAMAGED}"
         )
     raise CheckpointError(
-        f"{path} is a folder but no checkpoint: a sharded FSDP2 checkpoint holds DCP's {DCP_METADATA_FILE}, "
-        f"*{SHARD_SUFFIX} shards and {METADATA_FILE}. Point to a checkpoint folder or file."
+        f"{_not_a_checkpoint(path)} It is a folder but no checkpoint: a sharded FSDP2 checkpoint holds DCP's "
+        f"{DCP_METADATA_FILE}, *{SHARD_SUFFIX} shards and {METADATA_FILE}."
     )
 
 

@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.device_parser import _check_data_type
 from lightning.pytorch.accelerators.xla import XLAAccelerator as LightningXLAAccelerator
 
 from lightning_strategies_xla import devices
@@ -43,7 +44,9 @@ class XLAAccelerator(LightningXLAAccelerator):
             return parsed
         if isinstance(parsed, list) and len(parsed) == 1 and 0 <= parsed[0] < available:
             return parsed
+        shown = parsed if isinstance(requested, str) else requested  # as Lightning shows it
         raise ValueError(
+            f"`devices` can only be 'auto', 1, {available} or [<0-{available - 1}>] for TPUs. Got {shown!r}. "
             f"devices={requested!r} cannot be used with {available} XLA device(s) "
             f"(PJRT_DEVICE={devices.device_kind()}): use 1, {available}, or a one-element list such as [0]."
         )
@@ -58,8 +61,12 @@ class XLAAccelerator(LightningXLAAccelerator):
 
 
 def _parse_device_request(requested: int | str | list[int]) -> int | list[int]:
-    if isinstance(requested, bool):
-        raise TypeError(f"devices={requested!r} must be a number of devices or a list of indices, not a bool.")
+    try:
+        _check_data_type(requested)  # Lightning's own check of the type (a bool is refused), in its words
+    except TypeError as error:
+        raise TypeError(
+            f"{error} devices= takes a number of devices, a string like '1', or a list of device indices."
+        ) from None
     if isinstance(requested, int):
         return requested
     if isinstance(requested, str):
@@ -70,7 +77,8 @@ def _parse_device_request(requested: int | str | list[int]) -> int | list[int]:
             try:
                 return [int(part) for part in text.split(",") if part.strip()]
             except ValueError:
-                raise ValueError(f"devices={requested!r} is not a number of devices or a list like '0'.") from None
-    if isinstance(requested, (list, tuple)) and all(isinstance(index, int) for index in requested):
-        return list(requested)
-    raise TypeError(f"devices={requested!r} must be an int, a string like '1', or a list of device indices.")
+                raise ValueError(
+                    f"Could not parse the selected TPU devices: {text!r}. devices={requested!r} is not a number of "
+                    "devices or a list like '0'."
+                ) from None
+    return list(requested)

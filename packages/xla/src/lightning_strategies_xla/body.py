@@ -89,7 +89,10 @@ class LaunchedDeviceMixin:
     @property
     def root_device(self) -> torch.device:
         if not self._launched:
-            raise RuntimeError("The XLA device exists only inside the launched processes; it was asked for before.")
+            raise RuntimeError(
+                "Accessing the XLA device before processes have spawned is not allowed. The XLA device exists only "
+                "inside the launched processes: ask for it there, once the strategy's environment is set up."
+            )
         import torch_xla
 
         return torch_xla.device()

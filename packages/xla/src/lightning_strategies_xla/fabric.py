@@ -55,6 +55,8 @@ class _CurrentXLAMixin(DebugSwitchMixin):
     """Keeps our precision plugin where Fabric's connector assigns its stock one, and the debug switch."""
 
     _precision: Any
+    # How Lightning's strategy of the same name calls itself where it refuses a precision plugin.
+    _lightnings_name = "XLA"
 
     @property
     def precision(self) -> XLAPrecision:
@@ -66,7 +68,10 @@ class _CurrentXLAMixin(DebugSwitchMixin):
             forget_stock_environment()
             plugin = XLAPrecision(plugin.precision)
         if plugin is not None and not isinstance(plugin, LightningFabricXLAPrecision):
-            raise TypeError(f"The XLA strategies need an XLA precision plugin, got {type(plugin).__name__}.")
+            raise TypeError(
+                f"The {self._lightnings_name} strategy can only work with the `XLAPrecision` plugin, found {plugin}. "
+                "Pass an XLA precision plugin, or leave the plugin to the precision flag."
+            )
         self._precision = plugin
 
     def setup_environment(self) -> None:
@@ -127,6 +132,7 @@ class XLAFSDPStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAFSDPStr
     """
 
     debug = False
+    _lightnings_name = "XLA FSDP"
 
     def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
         import torch_xla

@@ -7,11 +7,17 @@ from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.types import Optimizable
 from lightning.pytorch.plugins.precision.xla import XLAPrecision as LightningXLAPrecision
 
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin
+
+
+class SkippedBackwardError(MisconfigurationException, RuntimeError):
+    """A training_step that returned None: a MisconfigurationException, as Lightning's XLA plugin raises, and a
+    RuntimeError, as ours raised before."""
 
 
 class XLAPrecision(DtypeConversionMixin, LightningXLAPrecision):
@@ -35,9 +41,10 @@ class XLAPrecision(DtypeConversionMixin, LightningXLAPrecision):
         # Cut the lazy graph once per step: one compiled program per step, not one per epoch.
         torch_xla.sync()
         if model.automatic_optimization and result is None:
-            raise RuntimeError(
-                "training_step returned None, which skips the backward pass; the XLA strategies need a loss "
-                "every step, because each step is compiled as one program. Return the loss, or use manual optimization."
+            raise SkippedBackwardError(  # Lightning's first sentence; its second asks for an issue in its tracker
+                "Skipping backward by returning `None` from your `training_step` is not implemented with XLA. The XLA "
+                "strategies need a loss every step, because each step is compiled as one program: return the loss, "
+                "or use manual optimization."
             )
         return result
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.precision.xla import XLAPrecision as LightningXLAPrecision
 from lightning.pytorch.strategies.single_device import SingleDeviceStrategy
 from lightning.pytorch.strategies.single_xla import (
     SingleDeviceXLAStrategy as LightningSingleDeviceXLAStrategy,
@@ -23,6 +24,7 @@ from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
 from lightning_strategies import constructor_for
+from lightning_strategies.activation import invalid_name_sentence
 from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_xla.body import (
@@ -41,6 +43,20 @@ class _CurrentXLAMixin(OneFileCheckpointsMixin, DebugSwitchMixin, OwnPrecisionMi
     def own_precision_plugin(self, precision: str) -> XLAPrecision:
         forget_stock_environment()
         return XLAPrecision(precision)
+
+    @property
+    def precision_plugin(self) -> Any:
+        return super().precision_plugin
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Any) -> None:
+        OwnPrecisionMixin.precision_plugin.fset(self, plugin)  # type: ignore[attr-defined]  # Lightning's become ours
+        if self._precision_plugin is not None and not isinstance(self._precision_plugin, LightningXLAPrecision):
+            # As Lightning's XLA strategies refuse it, in their words.
+            raise TypeError(
+                f"The XLA strategy can only work with the `XLAPrecision` plugin, found {plugin}. Pass an XLA "
+                "precision plugin, or leave the plugin to the precision flag."
+            )
 
     def setup(self, trainer: Any) -> None:
         # Lightning's setup would set PT_XLA_DEBUG, which torch_xla 2.9 reads only when imported.
@@ -109,8 +125,8 @@ class XLAFSDPStrategy:
     """
 
     def __init__(self, **_: Any) -> None:
-        raise ValueError(
-            "strategy='xla_fsdp' is available in lightning.Fabric only: Lightning's Trainer has no XLA FSDP "
-            "strategy. Use Fabric(strategy='xla_fsdp', accelerator=...) for sharded XLA training, or "
-            "Trainer(strategy='xla') for data parallel training on XLA devices."
+        raise ValueError(  # Lightning's Trainer calls the name invalid: its sentence first
+            f"{invalid_name_sentence('xla_fsdp')} strategy='xla_fsdp' is available in lightning.Fabric only: "
+            "Lightning's Trainer has no XLA FSDP strategy. Use Fabric(strategy='xla_fsdp', accelerator=...) for "
+            "sharded XLA training, or Trainer(strategy='xla') for data parallel training on XLA devices."
         )
