@@ -8,7 +8,7 @@ The supported API for plugin authors is ``__all__`` here and in the modules name
 and name is internal and may change in any release.
 """
 
-from lightning_strategies.activation import activate, watched_modules
+from lightning_strategies.activation import activate, invalid_name_sentence, watched_modules
 from lightning_strategies.entries import StrategyEntry
 from lightning_strategies.errors import (
     CapabilityError,
@@ -65,6 +65,7 @@ __all__ = [
     "constructor_for",
     "get_registry",
     "hookimpl",
+    "invalid_name_sentence",
     "plan",
     "rename_parameter",
     "warn_obsolete_parameter",

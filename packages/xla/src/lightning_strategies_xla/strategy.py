@@ -23,8 +23,7 @@ from lightning.pytorch.strategies.single_xla import (
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
 
-from lightning_strategies import constructor_for
-from lightning_strategies.activation import invalid_name_sentence
+from lightning_strategies import constructor_for, invalid_name_sentence
 from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies_xla.body import (
