@@ -36,6 +36,14 @@ nox.options.error_on_missing_interpreters = False
 # which .ci/run sets, each session deletes its environment when it ends, so one exists at a time.
 DISCARD_ENVS = os.environ.get("LIGHTNING_STRATEGIES_DISCARD_ENVS") == "1"
 
+# pip byte-compiles every module it installs, one file after another: about 20 s for torch and Lightning in each
+# session and 45 s for colossalai-gemini's dependency set on two cores, most of it for modules no test imports. The
+# sessions install with --no-compile instead, and Python writes the bytecode of what a session imports on its first
+# import (about 4 s for torch and Lightning). A PYTHONDONTWRITEBYTECODE inherited from the machine would make every
+# process compile them again, so the sessions' commands run without it.
+PIP_OPTIONS = ("--no-compile",)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
 
 def nox_session(**options) -> Callable:
     """``nox.session`` for every session here, discarding its environment afterwards where asked."""
@@ -52,6 +60,11 @@ def nox_session(**options) -> Callable:
         return nox.session(**options)(run)
 
     return register
+
+
+def install(session: nox.Session, *requirements: str, env: dict[str, str] | None = None) -> None:
+    """``pip install`` into the session's environment, without byte-compiling (PIP_OPTIONS says why)."""
+    session.install(*PIP_OPTIONS, *requirements, env=env)
 
 
 def package_settings(folder: Path) -> dict:
@@ -72,11 +85,11 @@ def install_system_packages(session: nox.Session, names: list[str]) -> None:
 
 def install_package(session: nox.Session, folder: Path, dependency_set: list[str], settings: dict) -> None:
     env = {key: str(value) for key, value in settings.get("env", {}).items()}
-    session.install(*dependency_set, env=env)
+    install(session, *dependency_set, env=env)
     no_deps = settings.get("install", {}).get("no-deps", [])
     if no_deps:
-        session.install("--no-deps", *no_deps, env=env)
-    session.install(str(PACKAGES / "core"), str(folder), env=env)
+        install(session, "--no-deps", *no_deps, env=env)
+    install(session, str(PACKAGES / "core"), str(folder), env=env)
 
 
 def make_test_session(folder: Path, dependency_set_name: str, dependency_set: list[str], runner: str) -> None:
@@ -85,7 +98,7 @@ def make_test_session(folder: Path, dependency_set_name: str, dependency_set: li
     def tests(session: nox.Session) -> None:
         install_system_packages(session, settings.get("system-packages", []))
         install_package(session, folder, dependency_set, settings)
-        session.install("pytest", "pytest-timeout")
+        install(session, "pytest", "pytest-timeout")
         env = {key: str(value) for key, value in settings.get("env", {}).items()}
         session.run(
             "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
@@ -116,7 +129,7 @@ for package_folder in sorted(PACKAGES.iterdir()):
 @nox_session(python=PYTHON, tags=["cpu", "lint"])
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff")
+    install(session, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -130,8 +143,8 @@ def types(session: nox.Session) -> None:
     torch and Lightning.
     """
     packages = sorted(folder for folder in PACKAGES.iterdir() if (folder / "pyproject.toml").exists())
-    session.install("mypy", "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", str(PACKAGES / "core"))
-    session.install("--no-deps", *(str(folder) for folder in packages if folder.name != "core"))
+    install(session, "mypy", "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", str(PACKAGES / "core"))
+    install(session, "--no-deps", *(str(folder) for folder in packages if folder.name != "core"))
     session.run("mypy", *(str(folder / "src") for folder in packages))
 
 
@@ -139,18 +152,32 @@ def types(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Built wheels installed into fresh environments, as users install them."""
     # hatchling builds the wheels without build isolation; jsonargparse is LightningCLI's.
-    session.install(
-        "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "jsonargparse[signatures]>=4.39",
+    install(
+        session, "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "jsonargparse[signatures]>=4.39",
         "hatchling", "pytest", "pytest-timeout",
     )  # fmt: skip
     session.run("pytest", str(ROOT / "integration_tests"), "-m", "not gpu", "-p", "no:cacheprovider", "-ra",
                 f"--basetemp={session.create_tmp()}/pytest", "--timeout=1800", *session.posargs)  # fmt: skip
 
 
+@nox_session(python=PYTHON, name="benchmark-harness", tags=["cpu", "benchmark"])
+def benchmark_harness(session: nox.Session) -> None:
+    """The benchmark harness (tools/benchmark) on CPU: tiny GPT runs trained for real, repeats, report."""
+    # The harness's Trainer and FSDP2 runs use the fsdp package, on its latest dependency set.
+    fsdp = PACKAGES / "fsdp"
+    install(session, *package_settings(fsdp)["dependency-sets"]["latest"], str(PACKAGES / "core"), str(fsdp))
+    install(session, "matplotlib", "pytest", "pytest-timeout")
+    session.run(
+        "pytest", str(ROOT / "tools" / "benchmark" / "test_harness.py"), "-p", "no:cacheprovider", "-ra",
+        f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", *session.posargs,
+        env={"OMP_NUM_THREADS": "1"},  # two training processes on small machines, as in the fsdp package's tests
+    )  # fmt: skip
+
+
 @nox_session(python=PYTHON, tags=["cpu", "docs"])
 def docs(session: nox.Session) -> None:
     """The documentation site, with warnings as errors; generated reference pages must be current."""
-    session.install("mkdocs==1.6.1", str(PACKAGES / "core"))
+    install(session, "mkdocs==1.6.1", str(PACKAGES / "core"))
     session.run("python", str(ROOT / "tools" / "generate_reference.py"), "--check")
     session.run("python", str(ROOT / "tools" / "check_docs.py"))  # install lines, claims, benchmark pages
     session.run("mkdocs", "build", "--strict")
@@ -162,5 +189,5 @@ def demo(session: nox.Session) -> None:
     # pip warns on every install as root (a CI container, a fresh cloud machine): the demo's
     # environment is nox's own, so the warning tells the reader nothing.
     quiet_pip = {"PIP_ROOT_USER_ACTION": "ignore"}
-    session.install("torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"), str(PACKAGES / "fsdp"), env=quiet_pip)
+    install(session, "torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"), str(PACKAGES / "fsdp"), env=quiet_pip)
     session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs)
