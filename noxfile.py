@@ -33,8 +33,9 @@ nox.options.error_on_missing_interpreters = False
 
 # The CPU sessions together install about 16 GB (the xla one alone 7 GB: torch_xla pins a CUDA
 # build of torch), more than a CI machine may have free. With LIGHTNING_STRATEGIES_DISCARD_ENVS=1,
-# which .ci/run sets, each session deletes its environment when it ends, so one exists at a time.
-DISCARD_ENVS = os.environ.get("LIGHTNING_STRATEGIES_DISCARD_ENVS") == "1"
+# which .ci/run sets, each session deletes its environment when it ends; with "on-failure", only
+# when the session fails (.ci/run installs ahead with `--install-only`, and runs the tests later).
+DISCARD_ENVS = os.environ.get("LIGHTNING_STRATEGIES_DISCARD_ENVS", "0")
 
 # pip byte-compiles every module it installs, one file after another: about 20 s for torch and Lightning in each
 # session and 45 s for colossalai-gemini's dependency set on two cores, most of it for modules no test imports. The
@@ -51,10 +52,13 @@ def nox_session(**options) -> Callable:
     def register(function: Callable[[nox.Session], None]) -> Callable:
         @functools.wraps(function)
         def run(session: nox.Session) -> None:
+            failed = True
             try:
                 function(session)
+                failed = False
             finally:
-                if DISCARD_ENVS and session.virtualenv.location:
+                discard = DISCARD_ENVS == "1" or (DISCARD_ENVS == "on-failure" and failed)
+                if discard and session.virtualenv.location:
                     shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
         return nox.session(**options)(run)
@@ -79,8 +83,9 @@ def install_system_packages(session: nox.Session, names: list[str]) -> None:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         session.error(f"These tests need the system packages {missing}: sudo apt-get install -y {' '.join(missing)}")
-    session.run("apt-get", "update", "-qq", external=True)
-    session.run("apt-get", "install", "-y", "-qq", *missing, external=True)
+    # Installation steps (run_install): with `nox --install-only`, as .ci/run installs the next session ahead.
+    session.run_install("apt-get", "update", "-qq", external=True)
+    session.run_install("apt-get", "install", "-y", "-qq", *missing, external=True)
 
 
 def install_package(session: nox.Session, folder: Path, dependency_set: list[str], settings: dict) -> None:
@@ -100,6 +105,10 @@ def make_test_session(folder: Path, dependency_set_name: str, dependency_set: li
         install_package(session, folder, dependency_set, settings)
         install(session, "pytest", "pytest-timeout")
         env = {key: str(value) for key, value in settings.get("env", {}).items()}
+        # Scripts that make what the runner's tests would otherwise build on first use (DeepSpeed's JIT-built ops),
+        # run as part of the installation: .ci/run installs a session while the previous session's tests run.
+        for script in settings.get("prepare", {}).get(runner, []):
+            session.run_install("python", str(folder / script), env=env)
         session.run(
             "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
             f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", "-ra", *session.posargs, env=env,
