@@ -172,9 +172,11 @@ def integration(session: nox.Session) -> None:
 @nox_session(python=PYTHON, name="benchmark-harness", tags=["cpu", "benchmark"])
 def benchmark_harness(session: nox.Session) -> None:
     """The benchmark harness (tools/benchmark) on CPU: tiny GPT runs trained for real, repeats, report."""
-    # The harness's Trainer and FSDP2 runs use the fsdp package, on its latest dependency set.
+    # The harness's Trainer and FSDP2 runs use the fsdp package, on its latest dependency set; its memory-plan
+    # test reads the deepspeed package's memory model, which needs no DeepSpeed.
     fsdp = PACKAGES / "fsdp"
     install(session, *package_settings(fsdp)["dependency-sets"]["latest"], str(PACKAGES / "core"), str(fsdp))
+    install(session, "--no-deps", str(PACKAGES / "deepspeed"))
     install(session, "matplotlib", "pytest", "pytest-timeout")
     session.run(
         "pytest", str(ROOT / "tools" / "benchmark" / "test_harness.py"), "-p", "no:cacheprovider", "-ra",
