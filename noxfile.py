@@ -37,8 +37,17 @@ nox.options.error_on_missing_interpreters = False
 
 # The CPU sessions together install about 16 GB (the xla one alone 7 GB: torch_xla pins a CUDA
 # build of torch), more than a CI machine may have free. With LIGHTNING_STRATEGIES_DISCARD_ENVS=1,
-# which .ci/run sets, each session deletes its environment when it ends, so one exists at a time.
-DISCARD_ENVS = os.environ.get("LIGHTNING_STRATEGIES_DISCARD_ENVS") == "1"
+# which .ci/run sets, each session deletes its environment when it ends; with "on-failure", only
+# when the session fails (.ci/run installs ahead with `--install-only`, and runs the tests later).
+DISCARD_ENVS = os.environ.get("LIGHTNING_STRATEGIES_DISCARD_ENVS", "0")
+
+# pip byte-compiles every module it installs, one file after another: about 20 s for torch and Lightning in each
+# session and 45 s for colossalai-gemini's dependency set on two cores, most of it for modules no test imports. The
+# sessions install with --no-compile instead, and Python writes the bytecode of what a session imports on its first
+# import (about 4 s for torch and Lightning). A PYTHONDONTWRITEBYTECODE inherited from the machine would make every
+# process compile them again, so the sessions' commands run without it.
+PIP_OPTIONS = ("--no-compile",)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def nox_session(**options) -> Callable:
@@ -47,15 +56,23 @@ def nox_session(**options) -> Callable:
     def register(function: Callable[[nox.Session], None]) -> Callable:
         @functools.wraps(function)
         def run(session: nox.Session) -> None:
+            failed = True
             try:
                 function(session)
+                failed = False
             finally:
-                if DISCARD_ENVS and session.virtualenv.location:
+                discard = DISCARD_ENVS == "1" or (DISCARD_ENVS == "on-failure" and failed)
+                if discard and session.virtualenv.location:
                     shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
         return nox.session(**options)(run)
 
     return register
+
+
+def install(session: nox.Session, *requirements: str, env: dict[str, str] | None = None) -> None:
+    """``pip install`` into the session's environment, without byte-compiling (PIP_OPTIONS says why)."""
+    session.install(*PIP_OPTIONS, *requirements, env=env)
 
 
 def package_settings(folder: Path) -> dict:
@@ -70,22 +87,27 @@ def install_system_packages(session: nox.Session, names: list[str]) -> None:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         session.error(f"These tests need the system packages {missing}: sudo apt-get install -y {' '.join(missing)}")
-    session.run("apt-get", "update", "-qq", external=True)
-    session.run("apt-get", "install", "-y", "-qq", *missing, external=True)
+    # Installation steps (run_install): with `nox --install-only`, as .ci/run installs the next session ahead.
+    session.run_install("apt-get", "update", "-qq", external=True)
+    session.run_install("apt-get", "install", "-y", "-qq", *missing, external=True)
 
 
 def install_package(session: nox.Session, folder: Path, dependency_set: list[str], settings: dict) -> None:
     env = {key: str(value) for key, value in settings.get("env", {}).items()}
-    session.install(*dependency_set, env=env)
+    install(session, *dependency_set, env=env)
     no_deps = settings.get("install", {}).get("no-deps", [])
     if no_deps:
-        session.install("--no-deps", *no_deps, env=env)
-    session.install(str(PACKAGES / "core"), str(folder), env=env)
+        install(session, "--no-deps", *no_deps, env=env)
+    install(session, str(PACKAGES / "core"), str(folder), env=env)
 
 
 def run_tests(session: nox.Session, folder: Path, settings: dict, runner: str, *extra: str, **options) -> None:
-    session.install("pytest", "pytest-timeout")
+    install(session, "pytest", "pytest-timeout")
     env = {key: str(value) for key, value in settings.get("env", {}).items()}
+    # Scripts that make what the runner's tests would otherwise build on first use (DeepSpeed's JIT-built ops),
+    # run as part of the installation: .ci/run installs a session while the previous session's tests run.
+    for script in settings.get("prepare", {}).get(runner, []):
+        session.run_install("python", str(folder / script), env=env)
     session.run(
         "pytest", str(folder / "tests"), "-m", MARKERS[runner], "-p", "no:cacheprovider",
         f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", "-ra", *extra, *session.posargs,
@@ -171,7 +193,7 @@ for package_folder in sorted(PACKAGES.iterdir()):
 @nox_session(python=PYTHON, tags=["cpu", "lint"])
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff")
+    install(session, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -185,8 +207,8 @@ def types(session: nox.Session) -> None:
     torch and Lightning.
     """
     packages = sorted(folder for folder in PACKAGES.iterdir() if (folder / "pyproject.toml").exists())
-    session.install("mypy", "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", str(PACKAGES / "core"))
-    session.install("--no-deps", *(str(folder) for folder in packages if folder.name != "core"))
+    install(session, "mypy", "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", str(PACKAGES / "core"))
+    install(session, "--no-deps", *(str(folder) for folder in packages if folder.name != "core"))
     session.run("mypy", *(str(folder / "src") for folder in packages))
 
 
@@ -194,18 +216,34 @@ def types(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Built wheels installed into fresh environments, as users install them."""
     # hatchling builds the wheels without build isolation; jsonargparse is LightningCLI's.
-    session.install(
-        "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "jsonargparse[signatures]>=4.39",
+    install(
+        session, "torch==2.13.0", "lightning==2.6.6", "pytorch-lightning==2.6.6", "jsonargparse[signatures]>=4.39",
         "hatchling", "pytest", "pytest-timeout",
     )  # fmt: skip
     session.run("pytest", str(ROOT / "integration_tests"), "-m", "not gpu", "-p", "no:cacheprovider", "-ra",
                 f"--basetemp={session.create_tmp()}/pytest", "--timeout=1800", *session.posargs)  # fmt: skip
 
 
+@nox_session(python=PYTHON, name="benchmark-harness", tags=["cpu", "benchmark"])
+def benchmark_harness(session: nox.Session) -> None:
+    """The benchmark harness (tools/benchmark) on CPU: tiny GPT runs trained for real, repeats, report."""
+    # The harness's Trainer and FSDP2 runs use the fsdp package, on its latest dependency set; its memory-plan
+    # test reads the deepspeed package's memory model, which needs no DeepSpeed.
+    fsdp = PACKAGES / "fsdp"
+    install(session, *package_settings(fsdp)["dependency-sets"]["latest"], str(PACKAGES / "core"), str(fsdp))
+    install(session, "--no-deps", str(PACKAGES / "deepspeed"))
+    install(session, "matplotlib", "pytest", "pytest-timeout")
+    session.run(
+        "pytest", str(ROOT / "tools" / "benchmark" / "test_harness.py"), "-p", "no:cacheprovider", "-ra",
+        f"--basetemp={session.create_tmp()}/pytest", "--timeout=900", *session.posargs,
+        env={"OMP_NUM_THREADS": "1"},  # two training processes on small machines, as in the fsdp package's tests
+    )  # fmt: skip
+
+
 @nox_session(python=PYTHON, tags=["cpu", "docs"])
 def docs(session: nox.Session) -> None:
     """The documentation site, with warnings as errors; generated reference pages must be current."""
-    session.install("mkdocs==1.6.1", str(PACKAGES / "core"))
+    install(session, "mkdocs==1.6.1", str(PACKAGES / "core"))
     session.run("python", str(ROOT / "tools" / "generate_reference.py"), "--check")
     session.run("python", str(ROOT / "tools" / "check_docs.py"))  # install lines, claims, benchmark pages
     session.run("mkdocs", "build", "--strict")
@@ -217,5 +255,5 @@ def demo(session: nox.Session) -> None:
     # pip warns on every install as root (a CI container, a fresh cloud machine): the demo's
     # environment is nox's own, so the warning tells the reader nothing.
     quiet_pip = {"PIP_ROOT_USER_ACTION": "ignore"}
-    session.install("torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"), str(PACKAGES / "fsdp"), env=quiet_pip)
+    install(session, "torch==2.13.0", "lightning==2.6.6", str(PACKAGES / "core"), str(PACKAGES / "fsdp"), env=quiet_pip)
     session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs)

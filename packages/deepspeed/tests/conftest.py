@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
+from train_script import flags
 
 from lightning_strategies.conformance.launching import fresh_launch_environment
 from lightning_strategies.testing import run_script
@@ -42,29 +42,34 @@ def run_training(
     **arguments: Any,
 ) -> subprocess.CompletedProcess[str]:
     """Run tests/train_script.py (2 processes on CPU by default); rank 0 writes its results to ``out``."""
-    command: list[str | Path] = [HERE / "train_script.py", "--strategy", strategy, "--out", out]
-    if options:
-        command += ["--strategy-options", json.dumps(options)]
-    for name, value in arguments.items():
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            command.append(flag)
-        elif value is not None and value is not False:
-            command += [flag, str(value)]
+    command = [HERE / "train_script.py", *flags(strategy=strategy, out=out, strategy_options=options, **arguments)]
     return run_script(*command, env=EXTRA, unset=UNSET, timeout=600, check=check)
 
 
-@pytest.fixture
-def train(tmp_path: Path):
-    """Train with tests/train_script.py and return what rank 0 wrote; the run must succeed."""
-    counter = iter(range(100))
+def train_together(folder: Path, runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Train ``runs`` (each: train_script.py's options by name, ``strategy`` and ``options`` as for ``run_training``)
+    one after another in one launch (2 processes unless they say otherwise); return what rank 0 wrote, by run.
 
-    def run(strategy: str = "deepspeed", options: dict[str, Any] | None = None, **arguments: Any) -> dict[str, Any]:
-        out = tmp_path / f"result-{next(counter)}.pt"
-        run_training(out, strategy, options, check=True, **arguments)
-        return torch.load(out, weights_only=False)
+    Each launch costs two interpreters importing torch, Lightning and DeepSpeed and a gloo rendezvous; each run in
+    it builds its own model, strategy and Trainer. A run that failed holds ``error`` and ``traceback`` instead.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    outs = {key: folder / f"{key}.pt" for key in runs}
+    specifications = []
+    for key, run in runs.items():
+        arguments = {name: value for name, value in run.items() if name != "options"}
+        specifications.append({**arguments, "strategy_options": run.get("options"), "out": str(outs[key])})
+    command = [HERE / "train_script.py", "--runs", json.dumps(specifications, default=str)]
+    launch = run_script(*command, env=EXTRA, unset=UNSET, timeout=900, check=False)
+    missing = {"error": f"no result (the launch exited with {launch.returncode})", "traceback": launch.stderr[-6000:]}
+    return {key: torch.load(out, weights_only=False) if out.is_file() else missing for key, out in outs.items()}
 
-    return run
+
+def succeeded(results: dict[str, dict[str, Any]], key: str) -> dict[str, Any]:
+    """The result of run ``key`` of a ``train_together`` launch, which must have trained to the end."""
+    result = results[key]
+    assert "error" not in result, f"run {key}: {result['error']}\n{result['traceback']}"
+    return result
 
 
 def reference_weights(

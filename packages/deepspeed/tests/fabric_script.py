@@ -1,4 +1,4 @@
-"""Fabric with a DeepSpeed name on 2 CPU processes: train, save, load into a fresh model, compare.
+"""Fabric with DeepSpeed names on 2 CPU processes: train, save, load into a fresh model, compare.
 
 Between the save and the load, training goes on and a second save to the same path fails half
 way: the load must still find the first save, whole. The saved state holds entries named like
@@ -78,13 +78,8 @@ def save_failing_half_way(fabric: Fabric, checkpoint: str, state: dict) -> str:
     return "the save did not fail"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--strategy", default="deepspeed_stage_2")
-    parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--out", required=True)
-    arguments = parser.parse_args()
-    fabric = Fabric(accelerator="cpu", devices=2, strategy=arguments.strategy)
+def run(strategy: str, checkpoint: str, out: str) -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
     fabric.launch()
     fabric.seed_everything(3)
     model, optimizer = build(fabric)
@@ -93,29 +88,37 @@ def main() -> None:
     trained = weights(fabric, model)
     engine_steps = fabric.strategy.model.global_steps
     user_state = {"step": 6, "global_steps": 60, "mp_world_size": 4}
-    fabric.save(arguments.checkpoint, {"model": model, "optimizer": optimizer, **user_state})
+    fabric.save(checkpoint, {"model": model, "optimizer": optimizer, **user_state})
     fit(fabric, model, optimizer, steps=2)
     trained_further = weights(fabric, model)
-    failed_save = save_failing_half_way(
-        fabric, arguments.checkpoint, {"model": model, "optimizer": optimizer, "step": 8}
-    )
+    failed_save = save_failing_half_way(fabric, checkpoint, {"model": model, "optimizer": optimizer, "step": 8})
     try:  # caught as with Lightning's DeepSpeed strategy, and as this project's CheckpointError
-        fabric.load(str(Path(arguments.checkpoint).with_name("missing.ckpt")), {"model": model})
+        fabric.load(str(Path(checkpoint).with_name("missing.ckpt")), {"model": model})
         missing = "no error"
     except FileNotFoundError as error:
         missing = str(error) if isinstance(error, CheckpointError) else f"not a CheckpointError: {error}"
     fabric.seed_everything(99)  # a differently initialised model, then restored from the checkpoint
     fresh_model, fresh_optimizer = build(fabric)
     state = {"model": fresh_model, "optimizer": fresh_optimizer, "step": 0, "global_steps": 0, "mp_world_size": 0}
-    fabric.load(arguments.checkpoint, state)
+    fabric.load(checkpoint, state)
     restored = weights(fabric, fresh_model)
     if fabric.global_rank == 0:
-        with open(arguments.out, "w") as file:
+        with open(out, "w") as file:
             json.dump({"losses": losses, "trained": trained, "restored": restored, "step": state["step"],
                        "trained_further": trained_further, "failed_save": failed_save, "missing": missing,
                        "strategy_class": type(fabric.strategy).__name__, "no_sync_warnings": no_sync_warnings,
                        "user_state": {key: state[key] for key in user_state}, "engine_steps": engine_steps,
                        "restored_engine_steps": fabric.strategy.model.global_steps}, file)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", required=True, help="JSON list of runs, each a strategy name, checkpoint and out")
+    arguments = parser.parse_args()
+    # One after another in the same 2 processes, each with its own Fabric: every launch pays for importing
+    # DeepSpeed and forming the group again.
+    for spec in json.loads(arguments.runs):
+        run(spec["strategy"], spec["checkpoint"], spec["out"])
 
 
 if __name__ == "__main__":

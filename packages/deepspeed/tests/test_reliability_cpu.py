@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_weights_close, reference_weights, run_training
+from conftest import assert_weights_close, reference_weights, run_training, succeeded, train_together
 
 from lightning_strategies.checkpoints import STAGING_FOLDER, check_file
 from lightning_strategies.errors import CheckpointError
@@ -41,7 +41,7 @@ def saved(interrupted, tmp_path):
     return copy
 
 
-def test_a_save_failing_half_way_keeps_the_previous_checkpoint(interrupted, train):
+def test_a_save_failing_half_way_keeps_the_previous_checkpoint(interrupted, tmp_path):
     result, checkpoint = interrupted
     assert result.returncode != 0 and "injected failure after writing" in result.stderr, result.stderr[-3000:]
     # The failed save wrote its files where nothing looks for checkpoints ...
@@ -53,7 +53,8 @@ def test_a_save_failing_half_way_keeps_the_previous_checkpoint(interrupted, trai
     assert_weights_close(converted["state_dict"], reference_weights(STEPS_PER_EPOCH, batches=STEPS_PER_EPOCH))
     # and training resumes from it, with Lightning's default weights_only (the model-states file
     # holding Lightning's state is read with weights_only=True).
-    resumed = train("deepspeed_stage_2", **RUN, resume=checkpoint)
+    resuming = train_together(tmp_path, {"resumed": {"strategy": "deepspeed_stage_2", **RUN, "resume": checkpoint}})
+    resumed = succeeded(resuming, "resumed")
     assert resumed["global_step"] == 2 * STEPS_PER_EPOCH
     assert resumed["optimizer_steps"] == STEPS_PER_EPOCH
     assert_weights_close(resumed["weights"], reference_weights(2 * STEPS_PER_EPOCH, batches=STEPS_PER_EPOCH))
