@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 
 from tools.benchmark import optimizers
@@ -114,7 +114,9 @@ def measure(workload: Workload, run: Run, started: float) -> dict[str, Any] | No
     recorder = RecordSteps(workload)
     # One scratch folder per run (the harness deletes it); every rank gets the same path.
     root = Path(workload.checkpoint_dir or tempfile.mkdtemp(prefix="benchmark-checkpoint-"))
-    callbacks: list[Callback] = [recorder]
+    # Lightning's default bar is RichProgressBar wherever rich is installed: name one, so that every machine's runs
+    # pay for the same bar.
+    callbacks: list[Callback] = [recorder, TQDMProgressBar()]
     if workload.checkpoint_dir:
         callbacks.append(ModelCheckpoint(dirpath=root / "checkpoints"))
     trainer = Trainer(
