@@ -19,12 +19,12 @@ import functools
 import os
 import re
 import shutil
+import tomllib
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from pathlib import Path
 
 import nox
-import tomllib
 from packaging.version import Version
 
 ROOT = Path(__file__).parent

@@ -26,10 +26,6 @@ class MissingBackendError(ImportError):
     """The library a strategy drives (deepspeed, colossalai, torch_xla) is missing or out of range."""
 
 
-class PluginLoadError(RuntimeError):
-    """A plugin's entry point could not be imported or its hook failed; recorded, never fatal."""
-
-
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: missing, truncated, corrupted, or from another strategy
     or world size that this one cannot read."""

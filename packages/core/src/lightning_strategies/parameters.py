@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import types
 import warnings
 from collections.abc import Callable, Iterable
@@ -87,9 +86,8 @@ def _copy(function: Callable[..., Any], qualname: str, renamed: dict[str, str], 
                 f"{caller}: {old!r} must be one of its parameters ({', '.join(arguments)}) and {new!r} a name it "
                 "does not use yet, given once."
             )
-    code = code.replace(co_varnames=tuple(renamed.get(name, name) for name in code.co_varnames))
-    if sys.version_info >= (3, 11):  # from 3.11 a wrong call is worded after the code's name, before by the function's
-        code = code.replace(co_qualname=qualname)
+    # A wrong call is worded after the code's qualified name, so the copy's names the face.
+    code = code.replace(co_varnames=tuple(renamed.get(name, name) for name in code.co_varnames), co_qualname=qualname)
     copy = types.FunctionType(
         code,
         function.__globals__,

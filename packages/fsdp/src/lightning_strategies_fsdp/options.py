@@ -339,11 +339,6 @@ def mesh_shape(options: ShardingOptions, world_size: int, num_nodes: int) -> tup
     return shape
 
 
-def default_dtype_for(precision: str) -> torch.dtype | None:
-    """The parameter dtype of Lightning's "-true" precision flags."""
-    return {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}.get(precision)
-
-
 def mixed_precision_for(precision: str) -> MixedPrecisionPolicy | None:
     """FSDP2's mixed precision for Lightning's "-mixed" flags: compute in low precision on all-gathered
     copies, keep the fp32 shards as master weights for the optimizer, reduce gradients in fp32."""

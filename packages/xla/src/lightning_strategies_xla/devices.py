@@ -16,9 +16,6 @@ from lightning_strategies.backends import require_backend
 
 DISTRIBUTION = "lightning-strategies-xla"
 
-# Device kinds this package counts; each name is a value of PJRT_DEVICE.
-SUPPORTED_KINDS = ("TPU", "CPU", "CUDA")
-
 
 def import_torch_xla() -> ModuleType:
     """torch_xla itself, or an error with the supported range and the install line."""
