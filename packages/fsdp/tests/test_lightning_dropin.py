@@ -168,3 +168,17 @@ def test_validate_test_and_predict_each_load_their_checkpoint_on_one_trainer(dro
     loads = {name: result for name, result in results.items() if name.startswith(kind)}
     assert len(loads) == 6
     assert all(result is True for result in loads.values()), loads
+
+
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_a_checkpoint_holding_objects_is_refused_with_advice_that_works(dropin_run: Path, kind: str) -> None:
+    """Issue 29, item 5: the refusal told users to pass weights_only=False to trainer.fit, which Lightning 2.6 drops
+    for strategies that load checkpoints after setup (validate/test/predict too). Should Lightning pass it on one
+    day, the weights_only=False loads below succeed and this test says the advice can name the Trainer again."""
+    found = read(dropin_run, "dropin_trusted_objects")
+    for call in ("fit", "validate"):
+        refusal = found[f"{call}_{kind}_weights_only_false"]
+        assert refusal is not None and "weights_only=True refuses" in refusal, refusal
+        assert "add_safe_globals" in refusal
+        assert "weights_only=False to trainer" not in refusal
+        assert found[f"{call}_{kind}_safe_globals"] is None  # what the refusal advises works

@@ -128,6 +128,15 @@ class HeldNetwork(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
+class Note:
+    """An object of the user's own in a checkpoint: loading with weights_only=True refuses it."""
+
+
+class NotedModule(TinyTransformer):
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["note"] = Note()
+
+
 class WeightsAtStart(Callback):
     """Full weights and optimizer step count when training (re)starts: what a resume loaded."""
 
@@ -645,6 +654,34 @@ def repeated_loads(out: Path) -> dict[str, Any]:
     return results
 
 
+def trusted_objects(out: Path) -> dict[str, str | None]:
+    """A checkpoint holding an object of the user's own (issue 29, item 5): the Trainer's weights_only=False never
+    reaches this strategy (Lightning drops it for strategies that load after setup), and what the refusal advises
+    instead must work. Each entry: the error every rank raised, or None."""
+
+    def resume(path: Path, kind: str, **fit: Any) -> None:
+        run = trainer(strategy("fsdp", state_dict_type=kind), steps=4, limit_val_batches=0)
+        run.fit(TinyTransformer(optimizer="sgd"), one_batch_loader(), one_batch_loader(), ckpt_path=path, **fit)
+
+    def validate(path: Path, kind: str, **load: Any) -> None:
+        trainer(strategy("fsdp", state_dict_type=kind), steps=4).validate(
+            TinyTransformer(), one_batch_loader(), ckpt_path=path, **load
+        )
+
+    found = {}
+    for kind in ("full", "sharded"):
+        path = out / f"noted_{kind}"
+        pl.seed_everything(7)
+        run = trainer(strategy("fsdp", state_dict_type=kind), steps=2, limit_val_batches=0)
+        run.fit(NotedModule(optimizer="sgd"), one_batch_loader(), one_batch_loader())
+        run.save_checkpoint(path)
+        for name, action in (("fit", resume), ("validate", validate)):
+            found[f"{name}_{kind}_weights_only_false"] = _refusal(lambda: action(path, kind, weights_only=False))  # noqa: B023
+            with torch.serialization.safe_globals([Note]):
+                found[f"{name}_{kind}_safe_globals"] = _refusal(lambda: action(path, kind))  # noqa: B023
+    return found
+
+
 def _evaluated(run: pl.Trainer, module: pl.LightningModule, *calls: str, **load: Any) -> dict[str, Any]:
     """The loss validate and test report and the predictions, each as a list of floats (rank 0's)."""
     given = {}
@@ -707,6 +744,7 @@ def group_dropin(results: Results, args: argparse.Namespace) -> None:
     }
     results.write("dropin_resume", resumed)
     results.write("dropin_repeated_loads", repeated_loads(out))
+    results.write("dropin_trusted_objects", trusted_objects(out))
 
     # Without optimizer states, fit refuses (as Lightning's FSDPStrategy); validate loads the weights.
     refusals = {}
