@@ -10,6 +10,7 @@ the runs that resume them train in a second launch, so every resume starts in ne
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -51,6 +52,10 @@ def resumed(folder, saved):
         "deepspeed_stage_3": next((folder / "deepspeed_stage_3.ckpt" / "checkpoint").glob("*model_states.pt")),
     }
     runs = {name: {"strategy": name, **FULL, "resume": resume_from[name]} for name in NAMES}
+    # validate, test, predict, validate on one Trainer and model, alternating two checkpoints of different weights.
+    stage_3 = [folder / "deepspeed_stage_3.ckpt", folder / "run.ckpt"]
+    runs["load-each"] = {"strategy": "deepspeed_stage_3", **RUN, "validate": True, "load_each": json.dumps(
+        [str(stage_3[index % 2]) for index in range(4)])}  # fmt: skip
     return train_together(folder / "resuming", runs)
 
 
@@ -99,3 +104,12 @@ def test_convert_command_line(saved, folder, tmp_path):
     assert_weights_close(torch.load(output, weights_only=False)["state_dict"], trained["weights"])
     missing = subprocess.run([*command[:-2], str(tmp_path / "nothing"), str(output)], capture_output=True, text=True)
     assert missing.returncode == 1 and "No checkpoint at" in missing.stderr
+
+
+def test_validate_test_and_predict_each_load_their_checkpoint_on_one_trainer(saved, resumed):
+    """Issue 29, item 6: repeated ckpt_path loads on one Trainer and model, as the fsdp package tests too."""
+    expected = [succeeded(saved, "first-half-deepspeed_stage_3"), succeeded(saved, "for-conversion")]
+    loaded = succeeded(resumed, "load-each")["weights_after"]
+    assert len(loaded) == 4
+    for index, weights in enumerate(loaded):
+        assert_weights_close(weights, expected[index % 2]["weights"], tolerance=0.0)

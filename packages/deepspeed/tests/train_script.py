@@ -44,6 +44,12 @@ class Regression(LightningModule):
         inputs, targets = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(inputs).float(), targets.float()), sync_dist=True)
 
+    def test_step(self, batch, batch_idx):
+        self.validation_step(batch, batch_idx)
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch[0])
+
     def on_after_backward(self):
         self.backward_calls += 1
 
@@ -109,6 +115,12 @@ def parser() -> argparse.ArgumentParser:
         "--break-saves-from-epoch", type=int, default=None, help="from this epoch on, every checkpoint save fails"
     )
     parser.add_argument("--validate", action="store_true")
+    parser.add_argument(
+        "--load-each",
+        default=None,
+        help="JSON list of checkpoints: instead of fitting, validate, test and predict in turn on one Trainer and "
+        "model, each call loading the next checkpoint (ckpt_path=); rank 0 writes the weights after each",
+    )
     parser.add_argument("--out", default=None, help="where rank 0 writes the results (torch.save)")
     parser.add_argument(
         "--runs",
@@ -169,6 +181,8 @@ def train(arguments: argparse.Namespace) -> None:
         use_distributed_sampler=False,  # every rank sees the same batches: results comparable across world sizes
     )
     loader = data(arguments.batch_size, arguments.batches)
+    if arguments.load_each:
+        return _load_each(trainer, model, loader, json.loads(arguments.load_each), Path(arguments.out))
     trainer.fit(model, loader, loader if arguments.validate else None, ckpt_path=arguments.resume)
     weights = full_weights(trainer.strategy, model)
     if trainer.is_global_zero:
@@ -201,6 +215,17 @@ def main() -> None:
         except Exception as error:  # one failing run must not hide the others' results
             if int(os.environ.get("LOCAL_RANK", "0")) == 0:
                 torch.save({"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}, run.out)
+
+
+def _load_each(trainer: Trainer, model: Regression, loader: DataLoader, checkpoints: list[str], out: Path) -> None:
+    """Repeated loads on one Trainer and model (issue 29, item 6): under FSDP the second one failed."""
+    calls = [trainer.validate, trainer.test, trainer.predict]
+    weights = []
+    for index, checkpoint in enumerate(checkpoints):
+        calls[index % len(calls)](model, loader, ckpt_path=checkpoint)
+        weights.append(full_weights(trainer.strategy, model))
+    if trainer.is_global_zero:
+        torch.save({"weights_after": weights}, out)
 
 
 def _epoch_end_checkpoint(path: str):

@@ -157,3 +157,28 @@ def test_trainer_attributes_read_as_lightning_fsdp_strategy() -> None:
     assert trainer.strategy.mixed_precision_config.param_dtype == torch.bfloat16
     assert trainer.strategy.mixed_precision_config.reduce_dtype == torch.float32
     assert pl.Trainer(strategy="fsdp_cpu_offload", accelerator="cpu", devices=1).strategy.cpu_offload.offload_params
+
+
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_validate_test_and_predict_each_load_their_checkpoint_on_one_trainer(dropin_run: Path, kind: str) -> None:
+    """Issue 29, item 6: after validate the root keeps its unsharded parameters, and the next full checkpoint load
+    failed with "aten.copy_.default got mixed torch.Tensor and DTensor". Each call's loss or predictions must be
+    those of the model that saved the checkpoint it named (True), not an error."""
+    results = read(dropin_run, "dropin_repeated_loads")
+    loads = {name: result for name, result in results.items() if name.startswith(kind)}
+    assert len(loads) == 6
+    assert all(result is True for result in loads.values()), loads
+
+
+@pytest.mark.parametrize("kind", ["full", "sharded"])
+def test_a_checkpoint_holding_objects_is_refused_with_advice_that_works(dropin_run: Path, kind: str) -> None:
+    """Issue 29, item 5: the refusal told users to pass weights_only=False to trainer.fit, which Lightning 2.6 drops
+    for strategies that load checkpoints after setup (validate/test/predict too). Should Lightning pass it on one
+    day, the weights_only=False loads below succeed and this test says the advice can name the Trainer again."""
+    found = read(dropin_run, "dropin_trusted_objects")
+    for call in ("fit", "validate"):
+        refusal = found[f"{call}_{kind}_weights_only_false"]
+        assert refusal is not None and "weights_only=True refuses" in refusal, refusal
+        assert "add_safe_globals" in refusal
+        assert "weights_only=False to trainer" not in refusal
+        assert found[f"{call}_{kind}_safe_globals"] is None  # what the refusal advises works

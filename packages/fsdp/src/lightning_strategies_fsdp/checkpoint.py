@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import FSDPModule
 from torch.optim import Optimizer
 
 from lightning_strategies import CheckpointError
@@ -239,6 +240,7 @@ def _load_sharded(
     metadata = checked_sharded_metadata(path, weights_only)
     available = stored_keys(metadata)
     check_states_present("The sharded checkpoint", path, available, model_key, optimizers, all_optimizers)
+    reshard(model)
     # meta.pt first: a refusal (weights_only) must come before the model is half loaded.
     metadata_path = path / METADATA_FILE
     rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
@@ -264,12 +266,26 @@ def load_full_state(
     """Load ``model`` and ``optimizers`` from the contents of a full checkpoint file; return the rest."""
     checkpoint = split_trainer_optimizers(checkpoint)
     check_states_present("The checkpoint file", path, checkpoint, model_key, optimizers, all_optimizers)
+    reshard(model)
     # Every process maps the same file; each copies out only its own shards.
     full = StateDictOptions(full_state_dict=True, strict=strict)
     set_model_state_dict(model, checkpoint.pop(model_key), options=full)
     for key, optimizer in optimizers.items():
         load_full_optimizer_state(model, optimizer, checkpoint.pop(key))
     return checkpoint
+
+
+def reshard(model: nn.Module) -> None:
+    """Put every FSDP module's parameters back to their shards before a load writes into them.
+
+    The root is sharded with reshard_after_forward=False, so after a forward that no backward follows (validate,
+    test, predict) it holds its unsharded parameters as plain tensors. torch's set_model_state_dict reads the
+    parameters it loads into from the module before the load hooks reshard it: it would then copy plain tensors
+    into the DTensor shards ("aten.copy_.default got mixed torch.Tensor and DTensor") on the next ckpt_path load.
+    """
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def load_full_optimizer_state(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:

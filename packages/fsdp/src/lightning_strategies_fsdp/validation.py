@@ -41,9 +41,14 @@ _DAMAGED = (
     "partial copy or download, a full disk) or came from an unfinished save elsewhere: copy the whole folder "
     "again, or resume from an earlier checkpoint."
 )
+# The Trainer's weights_only never reaches this strategy (Lightning drops it for strategies that load after setup),
+# and DCP's index is read by our own unpickler, which torch's safe globals do not widen: what reads a trusted
+# folder is Fabric's weights_only=False, or the converter's, whose full file the Trainer then loads.
 _TRUST_HINT = (
-    "Pass weights_only=False (trainer.fit/validate/test/predict, fabric.load) only if you trust where the "
-    "checkpoint came from."
+    "Only if you trust where the checkpoint came from: read it with fabric.load(..., weights_only=False), or, for "
+    "the Trainer (Lightning drops trainer.fit/validate/test/predict's weights_only for strategies that load "
+    "checkpoints after setup), convert it with `python -m lightning_strategies_fsdp.convert SOURCE DESTINATION "
+    "--no-weights-only` and load the full checkpoint file it writes."
 )
 
 # The types DCP builds its index from (dataclasses and enums in these modules), and the torch and

@@ -98,6 +98,45 @@ class TinyTransformer(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
 
+class HeldNetwork(pl.LightningModule):
+    """Its layers held in attributes and called by the steps, as a LightningModule holding a Hugging Face model
+    calls it: the LightningModule (FSDP's root) runs no forward of its own, so after an evaluation step the
+    root's parameters (the head's) stay unsharded, no backward following to reshard them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+        self.head = nn.Linear(WIDTH, 1)
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.head(self.blocks(x))[:, 0], y)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("loss", self.loss(batch), sync_dist=True)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.validation_step(batch, batch_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.head(self.blocks(batch[0]))[:, 0]
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+class Note:
+    """An object of the user's own in a checkpoint: loading with weights_only=True refuses it."""
+
+
+class NotedModule(TinyTransformer):
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["note"] = Note()
+
+
 class WeightsAtStart(Callback):
     """Full weights and optimizer step count when training (re)starts: what a resume loaded."""
 
@@ -584,6 +623,76 @@ def _refusal(action: Any) -> str | None:
     return error if all(every_rank) == any(every_rank) else f"only some ranks raised: {every_rank}"
 
 
+def repeated_loads(out: Path) -> dict[str, Any]:
+    """validate, test and predict one after another on one Trainer and model, each with ckpt_path= (issue 29, item 6).
+    The calls alternate two checkpoints (a, b) of each kind, so each must load its own weights: what it gives is
+    compared with what the model that saved the checkpoint gives."""
+    from lightning_strategies_fsdp.checkpoint import sharded_to_full
+
+    expected = {}
+    for label, seed in (("a", 1), ("b", 2)):
+        pl.seed_everything(seed)
+        module = HeldNetwork()
+        run = trainer("fsdp", steps=2)
+        run.fit(module, one_batch_loader())
+        run.save_checkpoint(out / f"repeated_{label}")
+        expected[label] = _evaluated(run, module)
+        if torch.distributed.get_rank() == 0:
+            sharded_to_full(out / f"repeated_{label}", out / f"repeated_{label}.ckpt")
+        torch.distributed.barrier()
+    pl.seed_everything(3)
+    module, loading = HeldNetwork(), trainer("fsdp", steps=2)
+    calls = [("validate", "a"), ("test", "b"), ("predict", "a"), ("validate", "b"), ("test", "a"), ("predict", "b")]
+    results = {}
+    for kind, suffix in (("full", ".ckpt"), ("sharded", "")):
+        for call, label in calls:
+            try:
+                got = _evaluated(loading, module, call, ckpt_path=out / f"repeated_{label}{suffix}")[call]
+                results[f"{kind}_{call}_{label}"] = got == expected[label][call]
+            except Exception as error:
+                results[f"{kind}_{call}_{label}"] = f"{type(error).__name__}: {error}"
+    return results
+
+
+def trusted_objects(out: Path) -> dict[str, str | None]:
+    """A checkpoint holding an object of the user's own (issue 29, item 5): the Trainer's weights_only=False never
+    reaches this strategy (Lightning drops it for strategies that load after setup), and what the refusal advises
+    instead must work. Each entry: the error every rank raised, or None."""
+
+    def resume(path: Path, kind: str, **fit: Any) -> None:
+        run = trainer(strategy("fsdp", state_dict_type=kind), steps=4, limit_val_batches=0)
+        run.fit(TinyTransformer(optimizer="sgd"), one_batch_loader(), one_batch_loader(), ckpt_path=path, **fit)
+
+    def validate(path: Path, kind: str, **load: Any) -> None:
+        trainer(strategy("fsdp", state_dict_type=kind), steps=4).validate(
+            TinyTransformer(), one_batch_loader(), ckpt_path=path, **load
+        )
+
+    found = {}
+    for kind in ("full", "sharded"):
+        path = out / f"noted_{kind}"
+        pl.seed_everything(7)
+        run = trainer(strategy("fsdp", state_dict_type=kind), steps=2, limit_val_batches=0)
+        run.fit(NotedModule(optimizer="sgd"), one_batch_loader(), one_batch_loader())
+        run.save_checkpoint(path)
+        for name, action in (("fit", resume), ("validate", validate)):
+            found[f"{name}_{kind}_weights_only_false"] = _refusal(lambda: action(path, kind, weights_only=False))  # noqa: B023
+            with torch.serialization.safe_globals([Note]):
+                found[f"{name}_{kind}_safe_globals"] = _refusal(lambda: action(path, kind))  # noqa: B023
+    return found
+
+
+def _evaluated(run: pl.Trainer, module: pl.LightningModule, *calls: str, **load: Any) -> dict[str, Any]:
+    """The loss validate and test report and the predictions, each as a list of floats (rank 0's)."""
+    given = {}
+    for call in calls or ("validate", "test", "predict"):
+        if call == "predict":
+            given[call] = torch.cat(run.predict(module, one_batch_loader(), **load)).tolist()
+        else:
+            given[call] = getattr(run, call)(module, one_batch_loader(), **load)[0]["loss"]
+    return given
+
+
 def group_dropin(results: Results, args: argparse.Namespace) -> None:
     """What Lightning's FSDPStrategy resumes, ours resumes; what it refuses, ours refuses (issue 16).
     Plain SGD keeps no per-parameter optimizer state. Run with the failed-rank watchdog off: refusals are caught."""
@@ -634,6 +743,8 @@ def group_dropin(results: Results, args: argparse.Namespace) -> None:
         "lr": ddp.optimizers[0].param_groups[0]["lr"],
     }
     results.write("dropin_resume", resumed)
+    results.write("dropin_repeated_loads", repeated_loads(out))
+    results.write("dropin_trusted_objects", trusted_objects(out))
 
     # Without optimizer states, fit refuses (as Lightning's FSDPStrategy); validate loads the weights.
     refusals = {}

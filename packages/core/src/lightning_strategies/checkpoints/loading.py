@@ -15,9 +15,14 @@ from lightning_strategies.errors import CheckpointError
 # The legacy torch.save format begins with a protocol-2 pickle of torch's magic number.
 _LEGACY_TORCH_SAVE_START = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 
+# Lightning passes trainer.fit/validate/test/predict's weights_only only to strategies that load the checkpoint
+# before setup; for those that load after (this project's fsdp, deepspeed and colossalai strategies) it drops it, so
+# the Trainer's argument cannot be the advice. Allowing the classes works with the Trainer and Fabric alike.
 _TRUST = (
-    "Pass weights_only=False to trainer.fit/validate/test/predict (or fabric.load) if you trust the file, "
-    "or allow the classes with torch.serialization.add_safe_globals."
+    "If you trust the file, allow its classes with torch.serialization.add_safe_globals (or inside "
+    "torch.serialization.safe_globals) before loading, or pass weights_only=False to fabric.load. The Trainer's "
+    "weights_only=False does not reach strategies that load checkpoints after setup (this project's fsdp, "
+    "deepspeed and colossalai strategies): Lightning drops it."
 )
 
 
