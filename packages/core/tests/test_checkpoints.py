@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -153,6 +155,30 @@ def test_a_truncated_file_is_refused_with_what_to_do(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-200])
     with pytest.raises(CheckpointError, match=r"truncated or corrupted.*Resume from an earlier checkpoint"):
         check_file(path)
+
+
+def flip_bytes(path: Path, record: str, count: int = 1) -> None:
+    """Change ``count`` bytes in the middle of the zip record of ``path`` whose name ends with ``record``."""
+    with zipfile.ZipFile(path) as archive:
+        info = next(info for info in archive.infolist() if info.filename.endswith(record))
+    data = bytearray(path.read_bytes())
+    # The record's bytes follow its local header: 30 bytes, its name, and an extra field of the length stored there.
+    name_length, extra_length = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    start = info.header_offset + 30 + name_length + extra_length + info.file_size // 2
+    for index in range(start, start + count):
+        data[index] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("record", ["data.pkl", "data/0"])
+def test_a_changed_byte_anywhere_is_refused_as_damage_not_as_weights_only(record: str, tmp_path: Path) -> None:
+    path = tmp_path / "model.ckpt"
+    torch.save({"weights": torch.ones(1000), "step": 3}, path)
+    flip_bytes(path, record)
+    with pytest.raises(CheckpointError, match=rf"is damaged: its record \S*{record} does not match") as caught:
+        load_file(path, weights_only=True)
+    assert "weights_only" not in str(caught.value)
+    assert "Resume from an earlier checkpoint" in str(caught.value)
 
 
 @pytest.mark.parametrize(

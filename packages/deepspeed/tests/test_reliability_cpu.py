@@ -75,16 +75,35 @@ def _truncate(path):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def _zero_middle(path):
+    """Zeros over the middle of the file, its size kept: a faulty disk or copy, which torch.load reads silently."""
+    data = bytearray(path.read_bytes())
+    length = min(4000, len(data) // 4)
+    start = (len(data) - length) // 2
+    data[start : start + length] = bytes(length)
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
         (lambda c: _truncate(c / "checkpoint" / "mp_rank_00_model_states.pt"), "is truncated or corrupted"),
         (lambda c: (c / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b""), "is empty"),
+        (lambda c: _zero_middle(c / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"), "is damaged"),
+        (lambda c: _zero_middle(c / "checkpoint" / "mp_rank_00_model_states.pt"), "is damaged"),
         (lambda c: (c / "checkpoint" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink(), r"rank\(s\) 1 of 2"),
         (lambda c: (c / "latest").write_text("global_step9"), "names the tag 'global_step9'"),
         (lambda c: shutil.rmtree(c), "No checkpoint at"),
     ],
-    ids=["truncated", "empty", "missing-rank", "latest-elsewhere", "missing"],
+    ids=[
+        "truncated",
+        "empty",
+        "zeroed-optimizer-states",
+        "zeroed-model-states",
+        "missing-rank",
+        "latest-elsewhere",
+        "missing",
+    ],
 )
 def test_damaged_checkpoints_are_refused_with_what_to_do(saved, damage, expected):
     damage(saved)
