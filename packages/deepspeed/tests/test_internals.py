@@ -1,0 +1,48 @@
+"""Every private name of Lightning and DeepSpeed that this package touches, looked up on the installed (pinned) versions.
+
+A pin raised past a version that renamed one fails here, naming the internal and the file that relies on it,
+instead of in the field. docs/internals.md mirrors this table: keep the two together.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+
+import pytest
+
+# (owner module:dotted path, kind, the file of ours that relies on it)
+# kinds: "callable"; "instance attribute" (the owner's source assigns self.<name>); "value" (exists).
+INTERNALS = [
+    ("lightning.fabric.utilities.cloud_io:_is_local_file_protocol", "callable", "body.py"),
+    ("lightning.pytorch.core.optimizer:_init_optimizers_and_lr_schedulers", "callable", "strategy.py"),
+    ("lightning.pytorch.loops.fit_loop:_FitLoop._data_source", "instance attribute", "strategy.py"),
+    ("lightning.pytorch.strategies:DDPStrategy._process_group_backend", "instance attribute", "body.py"),
+    ("lightning.pytorch.plugins.precision:Precision._after_closure", "callable", "precision.py"),
+    ("deepspeed.runtime.engine:DeepSpeedEngine._config", "instance attribute", "checkpoint.py"),
+    ("deepspeed.runtime.engine:DeepSpeedEngine._commit_decoupled_checkpoint", "callable", "checkpoint.py"),
+    ("deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3.__param_id_to_grad_partition", "instance attribute", "gradient_buffers.py"),
+]
+
+
+def check_internal(internal: str, kind: str, used_in: str) -> None:
+    """Fail with a message naming ``internal`` and ``used_in`` where it is gone or no longer of its ``kind``."""
+    module_name, _, path = internal.partition(":")
+    *parents, name = path.split(".")
+    owner = importlib.import_module(module_name)
+    for parent in parents:
+        owner = getattr(owner, parent)
+    where = f"{internal} ({kind}), which {used_in} relies on (docs/internals.md)"
+    if kind == "instance attribute":
+        assigned = re.search(rf"self\.{re.escape(name)}\s*[:=]", inspect.getsource(owner))
+        assert assigned, f"{where}: {parents[-1]} no longer assigns it"
+        return
+    assert hasattr(owner, name), f"{where}: gone"
+    if kind == "callable":
+        assert callable(getattr(owner, name)), f"{where}: no longer callable"
+
+
+@pytest.mark.parametrize(("internal", "kind", "used_in"), INTERNALS, ids=[row[0] for row in INTERNALS])
+def test_the_internal_is_there(internal, kind, used_in):
+    check_internal(internal, kind, used_in)
