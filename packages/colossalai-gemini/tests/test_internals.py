@@ -1,4 +1,5 @@
-"""Every private name of Lightning and ColossalAI that this package touches, looked up on the installed (pinned) versions.
+"""Every private name of Lightning and ColossalAI that this package touches, looked up on the
+installed (pinned) versions.
 
 A pin raised past a version that renamed one fails here, naming the internal and the file that relies on it,
 instead of in the field. docs/internals.md mirrors this table: keep the two together.
@@ -25,7 +26,11 @@ INTERNALS = [
     ("colossalai.lazy.construction:ConstructorManager.overwrites", "value", "lazy_init.py"),
     ("colossalai.zero.gemini.placement_policy:PlacementPolicyFactory.policies", "value", "static_placement.py"),
     ("lightning.pytorch.plugins.precision:Precision._after_closure", "callable", "precision.py"),
-    ("lightning.pytorch.core.optimizer:LightningOptimizer._optimizer", "instance attribute", "strategy.py, sharded_checkpoint.py"),
+    (
+        "lightning.pytorch.core.optimizer:LightningOptimizer._optimizer",
+        "instance attribute",
+        "strategy.py, sharded_checkpoint.py",
+    ),
     ("lightning.pytorch.core.module:LightningModule._trainer", "instance attribute", "strategy.py"),
 ]
 

@@ -28,10 +28,16 @@ CONNECTOR_STEPS = (
 # (owner module:dotted path, how it is used, the file of ours that relies on it)
 # kinds: "callable"; "instance attribute" (the owner's source assigns self.<name>); "value" (exists).
 INTERNALS = [
-    *[(f"{connector}.{step}", "callable", "activation.py") for connector in (TRAINER_CONNECTOR, FABRIC_CONNECTOR)
-      for step in CONNECTOR_STEPS],  # fmt: skip
-    *[(f"{connector}.{flag}", "instance attribute", "activation.py") for connector in (TRAINER_CONNECTOR, FABRIC_CONNECTOR)
-      for flag in ("_strategy_flag", "_accelerator_flag")],  # fmt: skip
+    *[
+        (f"{connector}.{step}", "callable", "activation.py")
+        for connector in (TRAINER_CONNECTOR, FABRIC_CONNECTOR)
+        for step in CONNECTOR_STEPS
+    ],
+    *[
+        (f"{connector}.{flag}", "instance attribute", "activation.py")
+        for connector in (TRAINER_CONNECTOR, FABRIC_CONNECTOR)
+        for flag in ("_strategy_flag", "_accelerator_flag")
+    ],
     (f"{TRAINER_CONNECTOR}._precision_flag", "instance attribute", "activation.py"),
     (f"{FABRIC_CONNECTOR}._precision_input", "instance attribute", "activation.py"),
     (f"{TRAINER_CONNECTOR}._registered_strategies", "instance attribute", "activation.py"),

@@ -1,4 +1,5 @@
-"""Every private name of Lightning and DeepSpeed that this package touches, looked up on the installed (pinned) versions.
+"""Every private name of Lightning and DeepSpeed that this package touches, looked up on the
+installed (pinned) versions.
 
 A pin raised past a version that renamed one fails here, naming the internal and the file that relies on it,
 instead of in the field. docs/internals.md mirrors this table: keep the two together.
@@ -21,8 +22,11 @@ INTERNALS = [
     ("lightning.pytorch.strategies:DDPStrategy._process_group_backend", "instance attribute", "body.py"),
     ("lightning.pytorch.plugins.precision:Precision._after_closure", "callable", "precision.py"),
     ("deepspeed.runtime.engine:DeepSpeedEngine._config", "instance attribute", "checkpoint.py"),
-    ("deepspeed.runtime.engine:DeepSpeedEngine._commit_decoupled_checkpoint", "callable", "checkpoint.py"),
-    ("deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3.__param_id_to_grad_partition", "instance attribute", "gradient_buffers.py"),
+    (
+        "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3.__param_id_to_grad_partition",
+        "instance attribute",
+        "gradient_buffers.py",
+    ),
 ]
 
 
@@ -46,3 +50,12 @@ def check_internal(internal: str, kind: str, used_in: str) -> None:
 @pytest.mark.parametrize(("internal", "kind", "used_in"), INTERNALS, ids=[row[0] for row in INTERNALS])
 def test_the_internal_is_there(internal, kind, used_in):
     check_internal(internal, kind, used_in)
+
+
+def test_where_checkpoint_engines_can_be_decoupled_the_engine_commits_them():
+    """checkpoint.py commits only where the checkpoint engine says it is decoupled, which older DeepSpeeds cannot."""
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    if not hasattr(CheckpointEngine, "is_decoupled"):
+        pytest.skip("this DeepSpeed has no decoupled checkpoint engines: checkpoint.py never commits one")
+    check_internal("deepspeed.runtime.engine:DeepSpeedEngine._commit_decoupled_checkpoint", "callable", "checkpoint.py")

@@ -1,4 +1,5 @@
-"""Every private name of Lightning and torch that this package touches, looked up on the installed (pinned) versions.
+"""Every private name of Lightning and torch that this package touches, looked up on the
+installed (pinned) versions.
 
 A pin raised past a version that renamed one fails here, naming the internal and the file that relies on it,
 instead of in the field. docs/internals.md mirrors this table: keep the two together.
@@ -17,7 +18,11 @@ import pytest
 INTERNALS = [
     ("lightning.fabric.utilities.distributed:_distributed_is_initialized", "callable", "body.py"),
     ("lightning.fabric.utilities.distributed:_sync_ddp_if_available", "callable", "body.py"),
-    ("lightning.fabric.utilities.distributed:_get_default_process_group_backend_for_device", "callable", "process_group.py"),
+    (
+        "lightning.fabric.utilities.distributed:_get_default_process_group_backend_for_device",
+        "callable",
+        "process_group.py",
+    ),
     ("lightning.fabric.utilities.distributed:_init_dist_connection", "callable", "process_group.py"),
     ("lightning.fabric.strategies.launchers.subprocess_script:_SubprocessScriptLauncher", "callable", "fabric.py"),
     ("lightning.fabric.strategies.strategy:_BackwardSyncControl", "callable", "fabric.py"),

@@ -1,4 +1,5 @@
-"""Every private name of Lightning and torch_xla that this package touches, looked up on the installed (pinned) versions.
+"""Every private name of Lightning and torch_xla that this package touches, looked up on the
+installed (pinned) versions.
 
 A pin raised past a version that renamed one fails here, naming the internal and the file that relies on it,
 instead of in the field. docs/internals.md mirrors this table: keep the two together.
@@ -53,5 +54,5 @@ def test_the_internal_is_there(internal, kind, used_in):
 
 @pytest.mark.parametrize("name", ["num_available_chips", "num_available_devices"])
 def test_torch_xla_counts_devices_where_devices_py_asks(name):
-    tpu = pytest.importorskip("torch_xla._internal.tpu")
+    pytest.importorskip("torch_xla._internal.tpu")
     check_internal(f"torch_xla._internal.tpu:{name}", "callable", "devices.py")
