@@ -44,7 +44,7 @@ def check_internal(internal: str, kind: str, used_in: str) -> None:
         owner = getattr(owner, parent)
     where = f"{internal} ({kind}), which {used_in} relies on (docs/internals.md)"
     if kind == "instance attribute":
-        assigned = re.search(rf"self\.{re.escape(name)}\s*[:=]", inspect.getsource(owner))
+        assigned = re.search(rf"self\.{re.escape(name)}\s*(:|=(?!=))", inspect.getsource(owner))
         assert assigned, f"{where}: {parents[-1]} no longer assigns it"
         return
     assert hasattr(owner, name), f"{where}: gone"
