@@ -65,14 +65,27 @@ def test_training_is_what_deepspeeds_own_buffers_give(ways, way):
     ],
 )
 def test_it_applies_to_host_offload_without_fp16(attributes, applies):
-    optimizer = SimpleNamespace(
-        **{gradient_buffers._SLOTS: {}, "offload_optimizer": True, "swap_optimizer": False, "dtype": torch.float32}
-    )
-    for name, value in attributes.items():
-        setattr(optimizer, name, value)
+    optimizer = _zero_3_optimizer(**{gradient_buffers._SLOTS: {}, **attributes})
     assert gradient_buffers.applies(optimizer) is applies
     if not applies:
         assert gradient_buffers.keep_gradients_with_their_optimizer(optimizer, torch.device("cpu")) is None
+
+
+def test_other_optimizers_are_left_alone():
+    optimizer = SimpleNamespace(offload_optimizer=True, swap_optimizer=False, dtype=torch.float32)  # not ZeRO-3
+    assert gradient_buffers.applies(optimizer) is False
+
+
+def test_a_zero_3_optimizer_without_the_slots_warns_what_is_lost():
+    """A DeepSpeed that renamed the name-mangled slots: DeepSpeed's own buffer stays, and the user is told."""
+    with pytest.warns(UserWarning, match=r"__param_id_to_grad_partition.*gradient_buffers\.py.*2 bytes per"):
+        assert gradient_buffers.applies(_zero_3_optimizer()) is False
+
+
+def _zero_3_optimizer(**attributes):
+    """An object whose class is named as DeepSpeed's ZeRO-3 optimizer, offloading to host memory in fp32."""
+    stage_3 = type(gradient_buffers._STAGE_3, (SimpleNamespace,), {})
+    return stage_3(**{"offload_optimizer": True, "swap_optimizer": False, "dtype": torch.float32, **attributes})
 
 
 def test_where_cuda_refuses_to_pin_it_warns_and_goes_on_pageable():

@@ -14,6 +14,7 @@ import functools
 import logging
 import re
 import sys
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -73,8 +74,37 @@ def on_lightning_import(module_name: str, module: ModuleType) -> None:
             if guard is not None:
                 _lift_builtin_name_guard(module, *guard)
         plugins_of(get_registry()).lightning_module_imported(module_name, module)
-    except Exception:  # activation must never break `import lightning`
-        log.exception("lightning-strategies could not activate %s; registered names may not resolve", module_name)
+    except Exception as error:  # activation must never break `import lightning`
+        _warn_activation_failed(module_name, error)
+
+
+class ActivationWarning(UserWarning):
+    """Activation could not adjust one of Lightning's modules: most likely a Lightning internal changed."""
+
+
+def _warn_activation_failed(module_name: str, error: Exception) -> None:
+    """Say, where the user sees it, what activation met and what no longer works; never raise.
+
+    A log line alone went unseen when a Lightning upgrade renamed an internal activation replaces
+    (docs/internals.md lists them), and the user only met Lightning's "invalid strategy name" later.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        lightning = version("lightning")
+    except PackageNotFoundError:
+        lightning = "not installed as `lightning`"
+    message = (
+        f"lightning-strategies could not adjust {module_name} (Lightning {lightning}): {type(error).__name__}: "
+        f"{error}. Strategy names of lightning-strategies packages may not resolve in Trainer/Fabric(strategy=...), "
+        "and unknown names get Lightning's own message. Import the strategy class instead, or use a Lightning "
+        "version this release was tested with (docs/internals.md), and report the version."
+    )
+    log.debug("activation of %s failed", module_name, exc_info=error)
+    try:
+        warnings.warn(message, ActivationWarning, stacklevel=2)
+    except Warning:  # warnings turned into errors: Lightning's import still goes on
+        log.error(message)
 
 
 class LazyStrategy:

@@ -38,7 +38,8 @@ import torch
 from lightning_strategies.pinned import PinningError, pin_in_place
 
 # DeepSpeed's per-parameter gradient slots, a name-mangled attribute of DeepSpeedZeroOptimizer_Stage3.
-_SLOTS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
+_STAGE_3 = "DeepSpeedZeroOptimizer_Stage3"
+_SLOTS = f"_{_STAGE_3}__param_id_to_grad_partition"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +56,29 @@ class GradientPlacement:
 
 def applies(optimizer: Any) -> bool:
     """Whether ``optimizer`` is a ZeRO-3 optimizer with its states offloaded to host memory (not NVMe) and no
-    fp16 loss scaling, whose overflow check reads DeepSpeed's one buffer."""
-    return (
-        hasattr(optimizer, _SLOTS)
+    fp16 loss scaling, whose overflow check reads DeepSpeed's one buffer. Where such an optimizer lacks the slots
+    this module replaces (a DeepSpeed that renamed them), it warns and says False: DeepSpeed's own buffer stays."""
+    wanted = (
+        any(cls.__name__ == _STAGE_3 for cls in type(optimizer).__mro__)
         and bool(getattr(optimizer, "offload_optimizer", False))
         and not getattr(optimizer, "swap_optimizer", False)
         and optimizer.dtype != torch.float16
+    )
+    if wanted and not hasattr(optimizer, _SLOTS):
+        warnings.warn(_missing_slots_message(), stacklevel=2)
+        return False
+    return wanted
+
+
+def _missing_slots_message() -> str:
+    from importlib.metadata import version
+
+    return (
+        f"DeepSpeed {version('deepspeed')}'s {_STAGE_3} has no {_SLOTS.removeprefix(f'_{_STAGE_3}')} attribute, which "
+        "lightning_strategies_deepspeed/gradient_buffers.py replaces (checked up to DeepSpeed 0.19.8). Training goes "
+        "on with DeepSpeed's own host buffer: 2 bytes per parameter of the whole model more host memory, each "
+        "gradient copied to the host and back every backward, and offloaded_gradients_in_fp32 has no effect. "
+        "Use deepspeed<=0.19.8 to keep them, or report the version."
     )
 
 
