@@ -7,11 +7,9 @@ instead of in the field. docs/internals.md mirrors this table: keep the two toge
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
-
 import pytest
+
+from lightning_strategies.testing import check_internal
 
 pytest.importorskip("colossalai")
 
@@ -33,23 +31,6 @@ INTERNALS = [
     ),
     ("lightning.pytorch.core.module:LightningModule._trainer", "instance attribute", "strategy.py"),
 ]
-
-
-def check_internal(internal: str, kind: str, used_in: str) -> None:
-    """Fail with a message naming ``internal`` and ``used_in`` where it is gone or no longer of its ``kind``."""
-    module_name, _, path = internal.partition(":")
-    *parents, name = path.split(".")
-    owner = importlib.import_module(module_name)
-    for parent in parents:
-        owner = getattr(owner, parent)
-    where = f"{internal} ({kind}), which {used_in} relies on (docs/internals.md)"
-    if kind == "instance attribute":
-        assigned = re.search(rf"self\.{re.escape(name)}\s*(:|=(?!=))", inspect.getsource(owner))
-        assert assigned, f"{where}: {parents[-1]} no longer assigns it"
-        return
-    assert hasattr(owner, name), f"{where}: gone"
-    if kind == "callable":
-        assert callable(getattr(owner, name)), f"{where}: no longer callable"
 
 
 @pytest.mark.parametrize(("internal", "kind", "used_in"), INTERNALS, ids=[row[0] for row in INTERNALS])

@@ -6,15 +6,13 @@ instead of in the field. docs/internals.md mirrors this table: keep the two toge
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
 import types
 import warnings
 
 import pytest
 
 from lightning_strategies import activation
+from lightning_strategies.testing import check_internal
 
 TRAINER_CONNECTOR = "lightning.pytorch.trainer.connectors.accelerator_connector:_AcceleratorConnector"
 FABRIC_CONNECTOR = "lightning.fabric.connector:_Connector"
@@ -45,23 +43,6 @@ INTERNALS = [
     ("lightning.fabric.connector:_FSDP_ALIASES", "value", "activation.py"),
     ("torch.distributed.distributed_c10d:_get_default_store", "callable", "ranks.py"),
 ]
-
-
-def check_internal(internal: str, kind: str, used_in: str) -> None:
-    """Fail with a message naming ``internal`` and ``used_in`` where it is gone or no longer of its ``kind``."""
-    module_name, _, path = internal.partition(":")
-    *parents, name = path.split(".")
-    owner = importlib.import_module(module_name)
-    for parent in parents:
-        owner = getattr(owner, parent)
-    where = f"{internal} ({kind}), which {used_in} relies on (docs/internals.md)"
-    if kind == "instance attribute":
-        assigned = re.search(rf"self\.{re.escape(name)}\s*(:|=(?!=))", inspect.getsource(owner))
-        assert assigned, f"{where}: {parents[-1]} no longer assigns it"
-        return
-    assert hasattr(owner, name), f"{where}: gone"
-    if kind == "callable":
-        assert callable(getattr(owner, name)), f"{where}: no longer callable"
 
 
 @pytest.mark.parametrize(("internal", "kind", "used_in"), INTERNALS, ids=[row[0] for row in INTERNALS])

@@ -10,6 +10,8 @@ lightning-strategies is installed. Importing this module imports neither torch n
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import json
 import os
 import re
@@ -38,6 +40,7 @@ __all__ = [
     "assert_install_hints_match",
     "assert_layout_identified_only_through",
     "assert_raises_as_lightning",
+    "check_internal",
     "check_lightning_cli_builds",
     "check_trainer_and_fabric_agree",
     "checkpoint_layouts_described",
@@ -465,3 +468,28 @@ def _check_jsonargparse_reads(cls: type, names: list[str]) -> None:
     read = {action.dest.removeprefix("strategy.") for action in parser._actions}
     missing = [name for name in names if name not in read]
     assert not missing, f"jsonargparse (LightningCLI's parser) does not read {missing} of {cls.__qualname__}."
+
+
+def check_internal(internal: str, kind: str, used_in: str) -> None:
+    """Fail, naming ``internal`` and ``used_in``, where a private name of another library that a package relies on
+    is gone or no longer of its ``kind``: run on the pinned versions, a raised pin fails here instead of in a run.
+
+    ``internal`` is ``"module:Dotted.path"``; ``kind`` is ``"callable"``, ``"value"`` (it exists) or ``"instance
+    attribute"`` (the owner's source assigns ``self.<name>``: such attributes exist only on built objects);
+    ``used_in`` is the file of the package that uses it. Example::
+
+        check_internal("deepspeed.runtime.engine:DeepSpeedEngine._config", "instance attribute", "checkpoint.py")
+    """
+    module_name, _, path = internal.partition(":")
+    *parents, name = path.split(".")
+    owner = importlib.import_module(module_name)
+    for parent in parents:
+        owner = getattr(owner, parent)
+    where = f"{internal} ({kind}), which {used_in} relies on (docs/internals.md)"
+    if kind == "instance attribute":
+        assigned = re.search(rf"self\.{re.escape(name)}\s*(:|=(?!=))", inspect.getsource(owner))
+        assert assigned, f"{where}: {parents[-1]} no longer assigns it"
+        return
+    assert hasattr(owner, name), f"{where}: gone"
+    if kind == "callable":
+        assert callable(getattr(owner, name)), f"{where}: no longer callable"
