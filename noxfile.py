@@ -92,8 +92,13 @@ def install_system_packages(session: nox.Session, names: list[str]) -> None:
     session.run_install("apt-get", "install", "-y", "-qq", *missing, external=True)
 
 
+def package_env(settings: dict) -> dict[str, str]:
+    """The package's ``env`` setting, for its installs and its tests alike."""
+    return {key: str(value) for key, value in settings.get("env", {}).items()}
+
+
 def install_package(session: nox.Session, folder: Path, dependency_set: list[str], settings: dict) -> None:
-    env = {key: str(value) for key, value in settings.get("env", {}).items()}
+    env = package_env(settings)
     install(session, *dependency_set, env=env)
     no_deps = settings.get("install", {}).get("no-deps", [])
     if no_deps:
@@ -103,7 +108,7 @@ def install_package(session: nox.Session, folder: Path, dependency_set: list[str
 
 def run_tests(session: nox.Session, folder: Path, settings: dict, runner: str, *extra: str, **options) -> None:
     install(session, "pytest", "pytest-timeout")
-    env = {key: str(value) for key, value in settings.get("env", {}).items()}
+    env = package_env(settings)
     # Scripts that make what the runner's tests would otherwise build on first use (DeepSpeed's JIT-built ops),
     # run as part of the installation: .ci/run installs a session while the previous session's tests run.
     for script in settings.get("prepare", {}).get(runner, []):
@@ -158,7 +163,7 @@ def make_prerelease_session(folder: Path, dependency_set: list[str]) -> None:
         install_package(session, folder, dependency_set, settings)
         # Over the declared range (pip says so, and installs it): the point is to see what the next release breaks.
         standalone = newest_prerelease(session, "pytorch-lightning")
-        session.install(f"lightning=={lightning}", *([f"pytorch-lightning=={standalone}"] if standalone else []))
+        install(session, f"lightning=={lightning}", *([f"pytorch-lightning=={standalone}"] if standalone else []))
         report = Path(session.create_tmp()) / "junit.xml"
         # pytest's 1 is "tests failed", which is allowed here; anything else (an error in collection) is not.
         run_tests(session, folder, settings, "cpu", f"--junitxml={report}", success_codes=[0, 1])

@@ -68,7 +68,8 @@ def check_file(path: Path, verify: bool = True) -> None:
     size = path.stat().st_size
     if size == 0:
         raise CheckpointError(f"The checkpoint file {path} is empty (0 bytes). {_CORRUPT_HINT}")
-    if not zipfile.is_zipfile(path) and not _is_legacy_torch_save(path):
+    zipped = zipfile.is_zipfile(path)
+    if not zipped and not _is_legacy_torch_save(path):
         with open(path, "rb") as handle:
             start = handle.read(8)
         # What was found, not a guess at how: a cut-short save and a file that never was one look alike.
@@ -76,7 +77,7 @@ def check_file(path: Path, verify: bool = True) -> None:
             f"The checkpoint file {path} is truncated or corrupted: it holds {size:,} bytes starting with "
             f"{start!r}, without the table of contents that ends a torch.save file. {_CORRUPT_HINT}"
         )
-    if verify and zipfile.is_zipfile(path):
+    if verify and zipped:
         _check_records(path)
 
 
