@@ -14,6 +14,7 @@ import ctypes
 import errno
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,17 +30,27 @@ def staging_path(path: str | os.PathLike[str]) -> Path:
     return path.parent / STAGING_FOLDER / path.name
 
 
+def _alone() -> None:
+    """The barrier of a save that one process writes alone."""
+
+
+# How long rank 0 waits, after a failed save, for the other ranks to leave it before removing what they staged.
+_FAILED_SAVE_WAIT_SECONDS = 30.0
+
+
 @contextmanager
 def staged_save(
-    path: str | os.PathLike[str], is_global_zero: bool = True, barrier: Callable[[], None] = lambda: None
+    path: str | os.PathLike[str], is_global_zero: bool = True, barrier: Callable[[], None] = _alone
 ) -> Iterator[Any]:
     """Yield the path every rank writes to (a ``Path``, or a remote URL as given); publish it as
     ``path`` once all ranks are done.
 
     Every rank enters and leaves together (``barrier`` is the strategy's). If the body raises,
-    nothing is published and the previous checkpoint stays as it was; rank 0 removes the staged files
-    and every folder the save created, so the folder is left as the save found it. Where other ranks
-    are still writing (or only another rank failed), what they leave is cleared by the next save. A
+    nothing is published and the previous checkpoint stays as it was; once every rank has left the save
+    (each counts itself out in the process group's store), rank 0 removes the staged files and every
+    folder the save created, so the folder is left as the save found it. Where another rank does not fail
+    with it (its save went on, or it died), rank 0 stops waiting after a while and leaves what is staged for
+    the next save to clear, rather than pulling a folder from under a rank still writing. A
     remote URL is yielded as it is: object stores publish an object whole when it is closed, and
     have no rename.
     """
@@ -57,9 +68,9 @@ def staged_save(
     try:
         yield staged
     except BaseException:
-        if is_global_zero:
-            # Other ranks may still be writing into it (a save failing on every rank): whatever cannot be removed
-            # now, the next save clears; the error the user sees stays the save's own.
+        others_done = _every_rank_left_failed_save() if barrier is not _alone else True
+        if is_global_zero and others_done:
+            # The error the user sees stays the save's own: what cannot be removed now, the next save clears.
             with contextlib.suppress(OSError):
                 _remove_tree(staged)
                 for folder in reversed(created):
@@ -70,6 +81,36 @@ def staged_save(
         publish(staged, target)
         _remove_if_empty(staged.parent)
     barrier()
+
+
+_failed_saves = 0
+
+
+def _every_rank_left_failed_save() -> bool:
+    """Count this rank out of the save that just failed; on rank 0, whether every rank did within the wait.
+
+    A barrier cannot be used here: a rank whose save went on would meet it in place of the one after the
+    writes, and rank 0 would publish a checkpoint missing that rank's files. Each failed save has its own key,
+    since every rank counts the saves that failed on it alike when they fail together.
+    """
+    global _failed_saves
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return True
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    _failed_saves += 1
+    key = f"lightning_strategies/failed_save/{_failed_saves}"
+    store = _get_default_store()
+    left = store.add(key, 1)
+    if dist.get_rank() != 0:
+        return False
+    deadline = time.monotonic() + _FAILED_SAVE_WAIT_SECONDS
+    while left < dist.get_world_size() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = store.add(key, 0)
+    return left >= dist.get_world_size()
 
 
 def is_local(path: str | os.PathLike[str]) -> bool:
