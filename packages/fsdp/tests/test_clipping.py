@@ -3,6 +3,7 @@ on two CPU processes over gloo."""
 
 from __future__ import annotations
 
+import gc
 import math
 from pathlib import Path
 
@@ -36,17 +37,24 @@ def reference_clipped(norm_type: float = 2.0) -> tuple[torch.Tensor, torch.nn.Mo
 def clip_on_two_ranks(rank: int, port: int, norm_type: float, out: Path) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        sharded = model()
-        for layer in (sharded[0], sharded[2]):
-            fully_shard(layer, mesh=init_device_mesh("cpu", (2,)))
-        fully_shard(sharded, mesh=init_device_mesh("cpu", (2,)))
-        backward(sharded)  # the same batch on both ranks: the averaged gradients equal one rank's
-        norm = clip_grad_norm_(sharded.parameters(), max_norm=0.5, norm_type=norm_type)
-        gradients = [parameter.grad.full_tensor() for parameter in sharded.parameters()]
-        if rank == 0:
-            torch.save({"norm": norm, "gradients": gradients}, out)
+        clip_and_save(rank, norm_type, out)
     finally:
+        # The model's device meshes, and their process groups, are collected before the group ends: left to
+        # interpreter exit, they abort the process ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
+
+
+def clip_and_save(rank: int, norm_type: float, out: Path) -> None:
+    sharded = model()
+    for layer in (sharded[0], sharded[2]):
+        fully_shard(layer, mesh=init_device_mesh("cpu", (2,)))
+    fully_shard(sharded, mesh=init_device_mesh("cpu", (2,)))
+    backward(sharded)  # the same batch on both ranks: the averaged gradients equal one rank's
+    norm = clip_grad_norm_(sharded.parameters(), max_norm=0.5, norm_type=norm_type)
+    gradients = [parameter.grad.full_tensor() for parameter in sharded.parameters()]
+    if rank == 0:
+        torch.save({"norm": norm, "gradients": gradients}, out)
 
 
 @pytest.mark.parametrize("norm_type", [2.0, math.inf])
