@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU tier (colossalai-gemini, deepspeed, fsdp) as one command on a GPU machine, from the
-# wheelhouse: `bash tools/gpu/tier.sh [PACKAGE...]` (default: all three).
+# wheelhouse: `bash tools/gpu/tier.sh [PACKAGE...]` (default: all three, each split in streams, below).
 #
-# PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S (420;
-# side by side the slowest package took 304 s), so one hang cannot eat the whole call. A pytest -k
+# PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S (480;
+# side by side the slowest stream took 408 s on 2 GPUs), so one hang cannot eat the whole call. A pytest -k
 # expression after a colon runs part of a package's tier, `deepspeed=200:resume or nodes`, to re-check
 # a fix without paying for the rest; a package may be named twice with two selections, to run its halves side by
 # side. A test gets TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU
@@ -24,7 +24,17 @@ set +e  # setup.sh sets -e; every package runs even when one fails
 cd "$repo"
 
 packages=("$@")
-[ ${#packages[@]} -gt 0 ] || packages=(fsdp colossalai-gemini deepspeed)
+# By default each package runs as two or three streams side by side: its Hugging Face cases (one launch per
+# name, transformers imported in every process), its several-GPU and two-node tests, and the rest. Whole
+# packages one stream each took over 9 minutes on 4 GPUs, more than one call of the device tool allows.
+if [ ${#packages[@]} -eq 0 ]; then
+  packages=(
+    "fsdp:hugging" "fsdp:not hugging"
+    "deepspeed:hugging" "deepspeed:not hugging"
+    "colossalai-gemini:hugging" "colossalai-gemini:several or multinode or checkpoint"
+    "colossalai-gemini:not (hugging or several or multinode or checkpoint)"
+  )
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/summary.txt"
 
 log_name() {  # ITEM -> the log's file name: the package, and the selection where there is one
@@ -40,7 +50,7 @@ run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/<log_name>.log an
   if [[ $item == *:* ]]; then select=${item#*:}; item=${item%%:*}; fi
   package=${item%%=*}
   limit=${item#*=}
-  [ "$limit" != "$item" ] || limit=${TIER_LIMIT_S:-420}
+  [ "$limit" != "$item" ] || limit=${TIER_LIMIT_S:-480}
   start=$(date +%s)
   # SIGINT, not TERM: pytest then prints the failures it has seen, which a cut call would lose.
   timeout -s INT -k 30 "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
