@@ -93,6 +93,10 @@ class Llama(LightningModule):
             from colossalai.nn.optimizer import HybridAdam
 
             return HybridAdam(self.parameters(), lr=1e-5)
+        if self.optimizer_name == "deepspeed_cpu_adam":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(self.parameters(), lr=1e-5, adamw_mode=True)
         return torch.optim.AdamW(self.parameters(), lr=1e-5, fused=self.device.type == "cuda")
 
     def train_dataloader(self) -> DataLoader:
@@ -211,7 +215,12 @@ def main(argv: list[str] | None = None) -> None:
 
     memory = MachineMemory()
     memory.start()
-    optimizer = "hybrid" if arguments.strategy.startswith("colossalai") else "adamw"
+    # What each backend's offload needs: DeepSpeed refuses torch's optimizers with an offload of its own.
+    optimizer = "adamw"
+    if arguments.strategy.startswith("colossalai"):
+        optimizer = "hybrid"
+    elif "deepspeed" in arguments.strategy and "offload" in arguments.strategy:
+        optimizer = "deepspeed_cpu_adam"
     module = Llama(arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps)
     trainer = Trainer(
         strategy=strategy_for(arguments.strategy), accelerator=arguments.accelerator, devices=arguments.devices,
