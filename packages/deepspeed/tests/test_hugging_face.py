@@ -28,3 +28,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_case(trained: Path, case: conformance.Case) -> None:
     assert conformance.check_results(trained, [case])[case.name] == []
+
+
+def test_fabric_checkpoint_exports(tmp_path: Path) -> None:
+    """``fabric.save`` of a pretrained Llama trained under ZeRO-3 exports to a folder that predicts as it did."""
+    case = conformance.Case("llama", "pretrained")
+    conformance.launch("deepspeed_stage_3", tmp_path, [case], face="fabric", env=EXTRA, unset=UNSET)
+    assert conformance.check_fabric_results(tmp_path, [case]) == {case.name: []}

@@ -3,6 +3,7 @@ from_pretrained in configure_model, LoRA adapters, trained, saved and exported b
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,20 @@ def test_processes_draw_alike_for_replicas_and_apart_for_shards(tmp_path: Path) 
     drawn = json.loads(out.read_text())
     assert drawn["fsdp_no_shard"]["replicas_equal"], drawn
     assert drawn["fsdp"]["shards_differ"], drawn
+
+
+
+def test_fabric_checkpoint_exports(tmp_path: Path) -> None:
+    """``fabric.save`` of a pretrained Llama trained under fsdp exports to a folder that predicts as the trained
+    model did: from the sharded folder, and from the one file it converts to."""
+    from lightning_strategies import hugging_face
+    from lightning_strategies_fsdp.checkpoint import sharded_to_full
+
+    case = conformance.Case("llama", "pretrained")
+    conformance.launch("fsdp", tmp_path, [case], face="fabric")
+    assert conformance.check_fabric_results(tmp_path, [case]) == {case.name: []}
+    run = tmp_path / case.name
+    sharded_to_full(run / "fabric.ckpt", run / "fabric-full.ckpt")
+    shutil.move(run / "last-exported", run / "from-sharded")
+    hugging_face.export(run / "fabric-full.ckpt", run / "last-exported")
+    assert conformance.check_fabric_results(tmp_path, [case]) == {case.name: []}

@@ -25,7 +25,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import weights_only_keyword
-from lightning_strategies.hugging_face import deferred_pretrained_loading
+from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
@@ -197,6 +197,8 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
             for key, value in state.items()
             if not isinstance(value, (Module, Optimizer)) and not _is_deepspeed_optimizer(value)
         }
+        # The engine's weights are read back under their own names (no state key): the record sits at the root.
+        record_models(client_state, engine.module)
         self._save_engine(engine, path, client_state)
 
     def load_checkpoint(

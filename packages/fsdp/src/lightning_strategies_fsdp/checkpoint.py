@@ -39,6 +39,7 @@ from torch.optim import Optimizer
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
+from lightning_strategies.hugging_face import recorded_models
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
     METADATA_FILE,
@@ -404,18 +405,28 @@ def read_weights(source: str | os.PathLike, weights_only: bool | None = None) ->
     metadata = checked_sharded_metadata(source, weights_only)
     metadata_path = source / METADATA_FILE
     rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
-    return {**_whole_state(source, metadata, weights_only, only="state_dict"), **rest}
+    return {**_whole_state(source, metadata, weights_only, only=_model_entries(metadata, rest)), **rest}
+
+
+def _model_entries(metadata: Metadata, rest: dict[str, Any]) -> set[str] | None:
+    """The entries holding model weights: a Trainer's ``state_dict``, else the keys under which Fabric saved the
+    recorded ``transformers`` models; None (every entry) for a Fabric checkpoint without a record."""
+    saved = {where[0] for where in (metadata.planner_data or {}).values()} | set(metadata.state_dict_metadata)
+    if "state_dict" in saved:
+        return {"state_dict"}
+    recorded = {prefix.split(".", 1)[0] for prefix in recorded_models(rest)}
+    return recorded or None
 
 
 def _whole_state(
-    folder: Path, metadata: Metadata, weights_only: bool | None, only: str | None = None
+    folder: Path, metadata: Metadata, weights_only: bool | None, only: set[str] | None = None
 ) -> dict[str, Any]:
-    """Every tensor and value of a sharded checkpoint (or of its entry ``only``), unsharded, in the nesting it was
+    """Every tensor and value of a sharded checkpoint (or of its entries ``only``), unsharded, in the nesting it was
     saved with."""
     state: dict[str, Any] = {}
     for key, item in metadata.state_dict_metadata.items():
         where = (metadata.planner_data or {}).get(key, (key,))  # DCP flattened nested keys on save
-        if only is not None and where[0] != only:
+        if only is not None and where[0] not in only:
             continue
         # Tensors are read into tensors of their global size; None holds the place of other values.
         value = torch.empty(item.size, dtype=item.properties.dtype) if isinstance(item, TensorStorageMetadata) else None

@@ -16,6 +16,7 @@ from torch.optim import Optimizer
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import load_file
+from lightning_strategies.hugging_face import record_models
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
@@ -95,6 +96,7 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         for key, value in state.items():
             if value is model:
                 tensors[key] = checkpoints.model_state(model, self._full_state)
+                record_models(metadata, model, under=key)
             elif isinstance(value, Optimizer):
                 tensors[key] = checkpoints.optimizer_state(model, value, self._full_state)
             else:

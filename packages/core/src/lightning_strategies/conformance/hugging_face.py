@@ -36,6 +36,7 @@ __all__ = [
     "HuggingFaceModule",
     "SeedExampleModule",
     "TransformersModule",
+    "check_fabric_results",
     "check_results",
     "data",
     "eager_model",
@@ -216,16 +217,7 @@ class TransformersModule(LightningModule):
         self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "last.ckpt")
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
-        if self.optimizer_name == "hybrid":  # the one optimizer family Gemini steps
-            from colossalai.nn.optimizer import HybridAdam
-
-            return HybridAdam(trainable, lr=self.learning_rate)
-        if self.optimizer_name == "cpu_adam":  # DeepSpeed's for an optimizer offloaded to the host (it refuses others)
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            return DeepSpeedCPUAdam(trainable, lr=self.learning_rate)
-        return torch.optim.AdamW(trainable, lr=self.learning_rate)
+        return _make_optimizer(self.optimizer_name, self, self.learning_rate)
 
     def train_dataloader(self) -> DataLoader:
         dataset = data(self.case.family, 256, seed=0)
@@ -244,6 +236,20 @@ class HuggingFaceModule(TransformersModule):
 
     def configure_model(self) -> None:
         self.build()
+
+
+def _make_optimizer(name: str, model: torch.nn.Module, learning_rate: float) -> torch.optim.Optimizer:
+    """The optimizer ``name`` (``optimizer_for``) over the trainable parameters of ``model``."""
+    trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    if name == "hybrid":  # the one optimizer family Gemini steps
+        from colossalai.nn.optimizer import HybridAdam
+
+        return HybridAdam(trainable, lr=learning_rate)
+    if name == "cpu_adam":  # DeepSpeed's for an optimizer offloaded to the host (it refuses others)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(trainable, lr=learning_rate)
+    return torch.optim.AdamW(trainable, lr=learning_rate)
 
 
 def optimizer_for(strategy: str) -> str:
@@ -299,6 +305,43 @@ def run(
     return result
 
 
+def run_fabric(
+    case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path
+) -> dict[str, Any]:
+    """One case written for Fabric: the model loaded as plain ``transformers`` does, set up, trained, saved with
+    ``fabric.save`` and exported from that checkpoint; what rank 0 saw."""
+    from lightning.fabric import Fabric
+
+    from lightning_strategies import hugging_face
+
+    fabric = Fabric(strategy=strategy, accelerator=accelerator, devices=devices, precision=precision)
+    fabric.launch()
+    fabric.seed_everything(0)
+    pretrained = folder / "pretrained" / case.family if case.mode != "config" else None
+    model = eager_model(case.family, pretrained).train()
+    model, optimizer = fabric.setup(model, _make_optimizer(optimizer_for(strategy), model, learning_rate=1e-3))
+    sequences = data(case.family, 8 * case.steps, seed=2 + fabric.global_rank).tensors[0]
+    losses: list[float] = []
+    for step in range(case.steps):
+        batch = sequences[8 * step : 8 * step + 8].to(fabric.device)
+        loss = model(input_ids=batch, labels=batch).loss
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    with torch.no_grad():  # every rank runs the forward: a sharded model gathers its weights in it
+        after = model(input_ids=data(case.family, 16, seed=1).tensors[0].to(fabric.device)).logits.float().cpu()
+    run_folder = folder / case.name
+    run_folder.mkdir(parents=True, exist_ok=True)
+    fabric.save(run_folder / "fabric.ckpt", {"model": model, "optimizer": optimizer, "step": case.steps})
+    fabric.barrier()
+    if fabric.global_rank == 0:
+        torch.save({"after": after}, run_folder / "logits.pt")
+        hugging_face.export(run_folder / "fabric.ckpt", run_folder / "last-exported")
+    fabric.barrier()
+    return {"case": asdict(case), "losses": losses}
+
+
 def launch(
     strategy: str,
     folder: Path,
@@ -307,6 +350,7 @@ def launch(
     devices: int = 2,
     precision: str = "32-true",
     hook: str = "configure_model",
+    face: str = "trainer",
     **options: Any,
 ) -> Path:
     """Write the pretrained checkpoints ``cases`` need into ``folder``, then run every case in one launch of this
@@ -319,7 +363,7 @@ def launch(
     run_script(
         "-m", __name__, "--strategy", strategy, "--folder", folder, "--cases", ",".join(case.name for case in cases),
         "--accelerator", accelerator, "--devices", str(devices), "--precision", precision, "--hook", hook,
-        timeout=1200, **options,
+        "--face", face, timeout=1200, **options,
     )  # fmt: skip
     return folder
 
@@ -333,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", required=True, help="family-mode names, comma separated (llama-pretrained,...)")
     parser.add_argument("--folder", required=True, help="holds pretrained/<family>; each case writes <case>/ here")
     parser.add_argument("--hook", choices=("configure_model", "configure_sharded_model"), default="configure_model")
+    parser.add_argument("--face", choices=("trainer", "fabric"), default="trainer")
     arguments = parser.parse_args(argv)
     folder = Path(arguments.folder)
     results: list[dict[str, Any]] = []
@@ -340,17 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         family, mode = name.rsplit("-", 1)
         case = Case(family, mode)
         try:
-            results.append(
-                run(
-                    case,
-                    arguments.strategy,
-                    arguments.accelerator,
-                    arguments.devices,
-                    arguments.precision,
-                    folder,
-                    arguments.hook,
-                )
-            )
+            common = (case, arguments.strategy, arguments.accelerator, arguments.devices, arguments.precision, folder)
+            if arguments.face == "fabric":
+                results.append(run_fabric(*common))
+            else:
+                results.append(run(*common, arguments.hook))
         except Exception as error:
             # The other ranks wait in a collective of this case: the run ends here (the strategy's failure
             # report stops them), with the cases done so far and this one's traceback on record.
@@ -460,18 +499,43 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
                 problems.append(f"classifier accuracy {accuracy:.2f} after training, below {CLASSIFIER_ACCURACY}")
         if case.mode == "lora" and result["trained_beside_adapters"]:
             problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
-        exported_folder = folder / case.name / "last-exported"
-        if case.mode == "lora":  # the adapter alone, loaded onto the model it was trained on
-            import peft
-
-            exported_model = peft.PeftModel.from_pretrained(eager_model(case.family, pretrained), exported_folder)
-        else:
-            exported_model = eager_model(case.family, exported_folder)
-        exported = logits_of(exported_model.eval(), case.family)
-        if not torch.allclose(exported, logits["after"], atol=atol):
-            difference = (exported - logits["after"]).abs().max().item()
-            problems.append(f"the exported model predicts {difference:.2e} away from the trained one")
+        problems += _export_problems(folder, case, logits["after"], atol)
     return report
+
+
+def check_fabric_results(folder: Path, cases: list[Case], atol: float = 1e-4) -> dict[str, list[str]]:
+    """Each Fabric case's failures (``run_fabric``): training lowers the loss, and the folder exported from
+    ``fabric.save``'s checkpoint loads with ``from_pretrained`` and predicts what the trained model predicted."""
+    results = {result["case"]["family"] + "-" + result["case"]["mode"]: result for result in _read(folder)}
+    report: dict[str, list[str]] = {}
+    for case in cases:
+        result = results.get(case.name)
+        problems: list[str] = report.setdefault(case.name, [])
+        if result is None or "error" in result:
+            problems.append(f"did not run: {(result and result.get('traceback')) or 'no result'}")
+            continue
+        losses = result["losses"]
+        if not min(losses[-4:]) < losses[0] - 0.1:
+            problems.append(f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}")
+        after = torch.load(folder / case.name / "logits.pt", weights_only=True)["after"]
+        problems += _export_problems(folder, case, after, atol)
+    return report
+
+
+def _export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float) -> list[str]:
+    """Whether the case's exported folder predicts ``trained``, the trained model's predictions."""
+    exported_folder = folder / case.name / "last-exported"
+    pretrained = None if case.mode == "config" else folder / "pretrained" / case.family
+    if case.mode == "lora":  # the adapter alone, loaded onto the model it was trained on
+        import peft
+
+        exported_model = peft.PeftModel.from_pretrained(eager_model(case.family, pretrained), exported_folder)
+    else:
+        exported_model = eager_model(case.family, exported_folder)
+    exported = logits_of(exported_model.eval(), case.family)
+    if torch.allclose(exported, trained, atol=atol):
+        return []
+    return [f"the exported model predicts {(exported - trained).abs().max().item():.2e} away from the trained one"]
 
 
 def _read(folder: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@
 Importing this package imports neither torch nor ``transformers``.
 """
 
-from lightning_strategies.hugging_face.export import export, record_models
+from lightning_strategies.hugging_face.export import export, record_models, recorded_models
 from lightning_strategies.hugging_face.initialization import initialize, lora_layers, move_buffers
 from lightning_strategies.hugging_face.models import hugging_face_models, is_hugging_face_model, transformers_installed
 from lightning_strategies.hugging_face.pretrained import (
@@ -35,5 +35,6 @@ __all__ = [
     "pending_weights",
     "pretrained_tensors",
     "record_models",
+    "recorded_models",
     "transformers_installed",
 ]

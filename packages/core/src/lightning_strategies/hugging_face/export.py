@@ -25,25 +25,46 @@ from lightning_strategies.hugging_face.models import is_hugging_face_model
 RECORD_KEY = "hugging_face"
 
 
-def record_models(checkpoint: dict[str, Any], lightning_module: Any) -> None:
-    """Describe the ``transformers`` and PEFT models of ``lightning_module`` in ``checkpoint``, as JSON text (any
-    checkpoint reader loads a string, ``weights_only`` ones included)."""
-    if lightning_module is None:
+def record_models(checkpoint: dict[str, Any], module: Any, under: str = "") -> None:
+    """Describe the ``transformers`` and PEFT models in ``module`` (a LightningModule, or a model Fabric saves) in
+    ``checkpoint``, as JSON text (any checkpoint reader loads a string, ``weights_only`` ones included).
+
+    Each model is recorded under its name in the saved weights: its attribute path in ``module``, after ``under``,
+    the key a Fabric state gives the module (``"model"`` for ``fabric.save(path, {"model": model, ...})``).
+    """
+    if module is None:
         return
-    described: dict[str, Any] = {}
-    for prefix, module in lightning_module.named_modules():
-        peft_config = getattr(module, "peft_config", None)
-        base = module.get_base_model() if peft_config is not None and hasattr(module, "get_base_model") else module
-        if module is lightning_module or not (peft_config is not None or is_hugging_face_model(base)):
+    described = recorded_models(checkpoint)
+    inside = [prefix for prefix in described if prefix == under or prefix.startswith(f"{under}.")]
+    for prefix, child in module.named_modules():
+        peft_config = getattr(child, "peft_config", None)
+        base = child.get_base_model() if peft_config is not None and hasattr(child, "get_base_model") else child
+        if not (peft_config is not None or is_hugging_face_model(base)):
             continue
-        if any(prefix.startswith(f"{outer}.") for outer in described):
-            continue
-        entry: dict[str, Any] = {"class": type(base).__name__, "config": base.config.to_dict()}
+        name = ".".join(part for part in (under, prefix) if part)
+        if any(name == outer or name.startswith(f"{outer}.") or not outer for outer in inside):
+            continue  # a model within one already described (a LlamaModel inside LlamaForCausalLM)
+        entry: dict[str, Any] = {"class": _transformers_class(base), "config": base.config.to_dict()}
         if peft_config is not None:
             entry["peft"] = {adapter: config.to_dict() for adapter, config in peft_config.items()}
-        described[prefix] = entry
+        described[name] = entry
+        inside.append(name)
     if described:
         checkpoint[RECORD_KEY] = json.dumps(described, default=_jsonable)
+
+
+def recorded_models(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What ``record_models`` wrote in ``checkpoint``: each model's name in the saved weights, with its class, config
+    and adapters (empty where none was recorded)."""
+    return json.loads(checkpoint.get(RECORD_KEY) or "{}")
+
+
+def _transformers_class(model: Any) -> str:
+    """The model's ``transformers`` class: FSDP2 makes a sharded model's class a subclass (``FSDPLlamaForCausalLM``)."""
+    for cls in type(model).__mro__:
+        if cls.__module__.startswith("transformers."):
+            return cls.__name__
+    return type(model).__name__
 
 
 def _jsonable(value: Any) -> Any:
@@ -84,10 +105,13 @@ def export(
         )
     module_name, function = found.read_weights.split(":")
     saved = getattr(importlib.import_module(module_name), function)(source, weights_only)
-    state_dict = saved.get("state_dict")
-    if not isinstance(state_dict, dict):
-        raise CheckpointError(f"{source} holds no 'state_dict', so it is not a Lightning checkpoint of a model.")
-    records = json.loads(saved.get(RECORD_KEY) or "{}")
+    state_dict = saved.get("state_dict") if "state_dict" in saved else _fabric_weights(saved)
+    if not isinstance(state_dict, dict) or not state_dict:
+        raise CheckpointError(
+            f"{source} holds no 'state_dict' and no module's weights, so it is not a Lightning or Fabric checkpoint "
+            "of a model."
+        )
+    records = recorded_models(saved)
     prefix, entry = _choose(source, records, prefix, config, state_dict)
     weights = (
         {key.removeprefix(f"{prefix}."): value for key, value in state_dict.items() if key.startswith(f"{prefix}.")}
@@ -106,6 +130,20 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _fabric_weights(saved: dict[str, Any]) -> dict[str, Any]:
+    """A Fabric checkpoint's modules' weights under one namespace, each behind the key it was saved with
+    (``{"model": {"lm_head.weight": ...}}`` gives ``model.lm_head.weight``); optimizer states and other values hold
+    more than tensors, and are left out."""
+    import torch
+
+    return {
+        f"{key}.{name}": tensor
+        for key, value in saved.items()
+        if isinstance(value, dict) and value and all(isinstance(item, torch.Tensor) for item in value.values())
+        for name, tensor in value.items()
+    }
 
 
 def _umask() -> int:
