@@ -6,7 +6,7 @@
     python -m tools.benchmark run --preset scaling --devices 2   # each run on 1 and on 2 GPUs, speed-up
     python -m tools.benchmark run --search-largest deepspeed_stage_3_offload
     python -m tools.benchmark list                               # run ids, presets, what is installed
-    python -m tools.benchmark report                             # docs/results/*.json -> docs/benchmarks.md
+    python -m tools.benchmark report                             # docs/results/*.json -> benchmark-records.md
 
 ``python tools/benchmark/cli.py ...`` is the same.
 """
@@ -62,9 +62,10 @@ def parser() -> argparse.ArgumentParser:
 
     commands.add_parser("list", help="run ids, presets and which runs are installed here")
 
-    report = commands.add_parser("report", help="write docs/benchmarks.md and plots from docs/results")
+    report = commands.add_parser("report", help="write every record's tables and plots from docs/results into one page")
     report.add_argument("--results", type=Path, default=REPOSITORY / "docs" / "results")
-    report.add_argument("--page", type=Path, default=REPOSITORY / "docs" / "benchmarks.md")
+    # docs/benchmarks.md is the users' summary, kept by hand from this page: the report never writes over it.
+    report.add_argument("--page", type=Path, default=Path("benchmark-records.md"))
     return main
 
 

@@ -5,7 +5,7 @@
 #   bash tools/benchmark/dropin.sh colossalai_variants   # what steadies colossalai (each variant vs the plain run)
 #   bash tools/benchmark/dropin.sh hand:gemini_cuda,trainer:colossalai_cuda --repeats-gemini 5
 #   bash tools/benchmark/dropin.sh hand:gemini_cuda,trainer:colossalai_cuda --batch-size 16 --no-checkpoint
-#       # ColossalAI where the GPU, not the host, bounds a step (docs/benchmarks.md, "ColossalAI's spread")
+#       # ColossalAI where the GPU, not the host, bounds a step (docs/benchmarks.md, "The answer so far")
 #
 # GPT 1.3B, bf16, 8 x 1024 tokens, 4 warm-up + 10 timed steps; every run saves a checkpoint after its
 # last step; each run is repeated (3 times, ColossalAI's 5), interleaved round by round. Arguments

@@ -1,4 +1,5 @@
-"""Turns the measured results in docs/results/ into docs/benchmarks.md and its plots.
+"""Turns the measured results in docs/results/ into one page of every record's tables and plots (the source that
+docs/benchmarks.md, the users' summary, is kept from).
 
 Only numbers present in the result files are written. Runs here, on CPU, with matplotlib (no torch).
 """
