@@ -58,7 +58,6 @@ def test_processes_draw_alike_for_replicas_and_apart_for_shards(tmp_path: Path) 
     assert drawn["fsdp"]["shards_differ"], drawn
 
 
-
 def test_fabric_checkpoint_exports(tmp_path: Path) -> None:
     """``fabric.save`` of a pretrained Llama trained under fsdp exports to a folder that predicts as the trained
     model did: from the sharded folder, and from the one file it converts to."""

@@ -21,7 +21,7 @@ from lightning_strategies.conformance.multinode import (
 )
 
 STRATEGY = "fsdp"  # FULL_SHARD: one mesh dimension over both nodes
-SHARD_FILES = ("__0_0.distcp", "__1_0.distcp", ".metadata", "meta.pt")
+SHARD_FILES = ("__0_0.distcp", "__1_0.distcp", ".checksums-0.json", ".checksums-1.json", ".metadata", "meta.pt")
 
 
 def test_two_torchrun_nodes_train_save_and_resume(tmp_path: Path) -> None:

@@ -65,6 +65,8 @@ def test_trainer_refuses_damaged_and_foreign_checkpoints_on_every_rank(reliabili
     assert EARLIER in result["truncated_shard"]
     assert "is another package's checkpoint" in result["foreign_folder"]  # stood in for: see scenarios.py
     assert "another-package-convert" in result["foreign_folder"]
+    assert "__1_0.distcp is damaged: its CRC-32" in result["zeroed_shard"]
+    assert result["zeroed_shard_on_every_rank"]
     assert result["truncated_shard_on_every_rank"]
     assert result["foreign_folder_on_every_rank"]
 
@@ -79,6 +81,12 @@ def cut_in_half(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def zero_inside_a_record(folder: Path, shard: str) -> None:
+    from scenarios import zero_inside_a_record
+
+    zero_inside_a_record(folder, shard)
+
+
 def overwrite_start(path: Path) -> None:
     path.write_bytes(b"\0" * 64 + path.read_bytes()[64:])
 
@@ -87,6 +95,10 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "truncated shard": (lambda folder: cut_in_half(folder / "__1_0.distcp"), r"__1_0.distcp is truncated: \d+ bytes"),
     "missing shard": (lambda folder: (folder / "__1_0.distcp").unlink(), "lacks __1_0.distcp, which its .metadata"),
     "corrupted shard": (lambda folder: overwrite_start(folder / "__0_0.distcp"), "__0_0.distcp is corrupted"),
+    "zeroed bytes in a shard": (
+        lambda folder: zero_inside_a_record(folder, "__0_0.distcp"),
+        "__0_0.distcp is damaged: its CRC-32",
+    ),
     "missing index": (lambda folder: (folder / ".metadata").unlink(), "has no .metadata"),
     "empty index": (lambda folder: (folder / ".metadata").write_bytes(b""), ".metadata, DCP's index .* is empty"),
     "truncated index": (lambda folder: cut_in_half(folder / ".metadata"), "cannot be read .*truncated"),

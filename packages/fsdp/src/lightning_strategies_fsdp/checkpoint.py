@@ -40,6 +40,7 @@ from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
 from lightning_strategies.hugging_face import recorded_models
+from lightning_strategies_fsdp.checksums import write_checksums
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
     METADATA_FILE,
@@ -128,6 +129,7 @@ def save_sharded(
     """Write a sharded checkpoint folder at the staging ``path``; every process calls this."""
     path.mkdir(parents=True, exist_ok=True)
     dcp.save(tensors, checkpoint_id=path, no_dist=no_dist)
+    write_checksums(path, rank)
     if rank == 0:
         torch.save(metadata, path / METADATA_FILE)
 

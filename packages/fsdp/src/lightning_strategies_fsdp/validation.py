@@ -28,11 +28,11 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import FILE, check_file, foreign_checkpoint_error, identify
 from lightning_strategies_fsdp.checkpoint_layout import DCP
+from lightning_strategies_fsdp.checksums import SHARD_SUFFIX, mismatches, saved_checksums
 from lightning_strategies_fsdp.options import STRATEGY
 
 METADATA_FILE = "meta.pt"
 DCP_METADATA_FILE = ".metadata"
-SHARD_SUFFIX = ".distcp"
 # DCP's file writer stores every item as a torch.save record: a zip archive, which starts with this.
 _TORCH_SAVE_HEADER = b"PK\x03\x04"
 
@@ -178,6 +178,18 @@ class _CheckedReader(FileSystemReader):
     def __init__(self, folder: Path, metadata: Metadata) -> None:
         super().__init__(folder)
         self._checked_metadata = metadata
+        self._folder = folder
+        self._checksums = saved_checksums(folder)
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        # Each rank verifies the shards its own part of the load reads; DCP gathers a failure to every rank.
+        names = {self.storage_data[item.storage_index].relative_path for item in plan.items}
+        for name, found, recorded in mismatches(self._folder, names, self._checksums):
+            raise CheckpointError(
+                f"{self._folder / name} is damaged: its CRC-32 is {found:08x}, where the save recorded "
+                f"{recorded:08x}. {_DAMAGED}"
+            )
+        return super().read_data(plan, planner)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self._checked_metadata.storage_meta is None:

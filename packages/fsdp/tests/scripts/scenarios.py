@@ -15,6 +15,7 @@ import functools
 import gc
 import json
 import os
+import pickle
 import shutil
 import unittest.mock
 import warnings
@@ -167,6 +168,19 @@ def one_batch_loader() -> DataLoader:
     count batches on resume (a plain DataLoader restarts its epoch; resuming at an epoch boundary
     Lightning ran one extra batch of the finished epoch, seen while writing these tests)."""
     return loader(samples=8)
+
+
+def zero_inside_a_record(folder: Path, shard: str, count: int = 5000) -> None:
+    """Zeros over the middle of the largest record in a DCP shard file, its length and every record's header kept:
+    what only a checksum sees (the issue's 5,000 zero bytes)."""
+    metadata = pickle.loads((folder / ".metadata").read_bytes())
+    records = [item for item in metadata.storage_data.values() if item.relative_path == shard]
+    largest = max(records, key=lambda item: item.length)
+    count = min(count, largest.length // 2)
+    start = largest.offset + (largest.length - count) // 2
+    data = bytearray((folder / shard).read_bytes())
+    data[start : start + count] = bytes(count)
+    (folder / shard).write_bytes(bytes(data))
 
 
 def trainer(strategy: Any, steps: int, devices: int = DEVICES, **kwargs: Any) -> pl.Trainer:
@@ -462,17 +476,20 @@ def group_reliability(results: Results, args: argparse.Namespace) -> None:
 
     # Bad checkpoints through trainer.fit on 2 processes: every rank raises the same error, none hangs.
     damaged = results.out / "damaged.ckpt"
+    zeroed = results.out / "zeroed.ckpt"  # the issue's 5,000 zero bytes inside a shard: only a checksum sees them
     deepspeed = results.out / "deepspeed"
     if torch.distributed.get_rank() == 0:
         shutil.copytree(results.out / "sharded" / "last.ckpt", damaged)
         shard = damaged / "__1_0.distcp"
         shard.write_bytes(shard.read_bytes()[:100])
+        shutil.copytree(results.out / "sharded" / "last.ckpt", zeroed)
+        zero_inside_a_record(zeroed, "__1_0.distcp")
         (deepspeed / "checkpoint").mkdir(parents=True)
         (deepspeed / "latest").write_text("checkpoint")
         torch.save({"module": {}}, deepspeed / "checkpoint" / "mp_rank_00_model_states.pt")
     torch.distributed.barrier()
     refusals = {}
-    for label, path in {"truncated_shard": damaged, "foreign_folder": deepspeed}.items():
+    for label, path in {"truncated_shard": damaged, "zeroed_shard": zeroed, "foreign_folder": deepspeed}.items():
         run = trainer("fsdp", steps=4, limit_val_batches=0)
         # Only this package is installed here: the package whose folder this is, is stood in for.
         foreign = written_by_another_package(deepspeed) if label == "foreign_folder" else contextlib.nullcontext()
