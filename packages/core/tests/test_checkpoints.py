@@ -181,6 +181,19 @@ def test_a_changed_byte_anywhere_is_refused_as_damage_not_as_weights_only(record
     assert "Resume from an earlier checkpoint" in str(caught.value)
 
 
+def test_a_damaged_checkpoint_names_the_newest_other_one_beside_it(tmp_path: Path) -> None:
+    import os
+
+    for step, name in enumerate(["epoch=0-step=10.ckpt", "epoch=0-step=20.ckpt", "last.ckpt"]):
+        torch.save({"weights": torch.ones(1000), "step": step}, tmp_path / name)
+        os.utime(tmp_path / name, (1000 + step, 1000 + step))
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    flip_bytes(tmp_path / "last.ckpt", "data/0")
+    with pytest.raises(CheckpointError, match="damaged") as caught:
+        load_file(tmp_path / "last.ckpt")
+    assert f"ckpt_path={str(tmp_path / 'epoch=0-step=20.ckpt')!r}" in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("content", "found"),
     [(b"", r"is empty \(0 bytes\)\."), (b"\x8f\x01random bytes", r"holds 14 bytes starting with b'\\x8f\\x01random'")],

@@ -34,7 +34,7 @@ from lightning_strategies_fsdp.validation import checked_sharded_metadata, load_
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
-EARLIER = "resume from an earlier checkpoint"
+EARLIER = "Resume from an earlier checkpoint"
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,16 @@ def test_damaged_sharded_checkpoint_is_refused_with_the_fix(reference_run: Path,
     with pytest.raises(CheckpointError, match=problem) as refused:
         load(folder)
     assert "earlier checkpoint" in str(refused.value)
+
+
+def test_a_folder_saved_without_checksums_loads_unverified_and_says_so(reference_run: Path, tmp_path: Path) -> None:
+    """A DCP folder from Lightning's FSDPStrategy or DCP itself has no checksum records: it loads, with one line."""
+    folder = tmp_path / "unrecorded.ckpt"
+    shutil.copytree(reference_run / "sharded_4", folder)
+    for record in folder.glob(".checksums-*.json"):
+        record.unlink()
+    with pytest.warns(UserWarning, match="saved without checksums of its shards"):
+        load(folder)
 
 
 def test_damaged_full_checkpoint_file_is_refused_with_the_fix(reference_run: Path, tmp_path: Path) -> None:

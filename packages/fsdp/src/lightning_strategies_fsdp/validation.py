@@ -21,12 +21,19 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import FILE, check_file, foreign_checkpoint_error, identify
+from lightning_strategies.checkpoints import (
+    FILE,
+    check_file,
+    earlier_checkpoint_advice,
+    foreign_checkpoint_error,
+    identify,
+)
 from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.checksums import SHARD_SUFFIX, mismatches, saved_checksums
 from lightning_strategies_fsdp.options import STRATEGY
@@ -36,11 +43,15 @@ DCP_METADATA_FILE = ".metadata"
 # DCP's file writer stores every item as a torch.save record: a zip archive, which starts with this.
 _TORCH_SAVE_HEADER = b"PK\x03\x04"
 
-_DAMAGED = (
-    "This package publishes a checkpoint only once every rank has written it, so its files changed afterwards (a "
-    "partial copy or download, a full disk) or came from an unfinished save elsewhere: copy the whole folder "
-    "again, or resume from an earlier checkpoint."
-)
+
+def _damaged(folder: Path) -> str:
+    return (
+        "This package publishes a checkpoint only once every rank has written it, so its files changed afterwards "
+        "(a partial copy or download, a full disk) or came from an unfinished save elsewhere. "
+        f"{earlier_checkpoint_advice(folder)}"
+    )
+
+
 # The Trainer's weights_only never reaches this strategy (Lightning drops it for strategies that load after setup),
 # and DCP's index is read by our own unpickler, which torch's safe globals do not widen: what reads a trusted
 # folder is Fabric's weights_only=False, or the converter's, whose full file the Trainer then loads.
@@ -83,7 +94,7 @@ def check_checkpoint_path(path: Path) -> None:
     if any(path.glob(f"*{SHARD_SUFFIX}")) or (path / METADATA_FILE).is_file():
         raise CheckpointError(
             f"The sharded checkpoint {path} has no {DCP_METADATA_FILE}, DCP's index of its shard files, so it is "
-            f"incomplete. {_DAMAGED}"
+            f"incomplete. {_damaged(path)}"
         )
     raise CheckpointError(
         f"{_not_a_checkpoint(path)} It is a folder but no checkpoint: a sharded FSDP2 checkpoint holds DCP's "
@@ -118,14 +129,14 @@ def _check_shard(folder: Path, name: str, items: list[tuple[str, Any]]) -> None:
     shard = folder / name
     if not shard.is_file():
         raise CheckpointError(
-            f"The sharded checkpoint {folder} lacks {name}, which its {DCP_METADATA_FILE} lists. {_DAMAGED}"
+            f"The sharded checkpoint {folder} lacks {name}, which its {DCP_METADATA_FILE} lists. {_damaged(folder)}"
         )
     size = shard.stat().st_size
     needed = max(location.offset + location.length for _, location in items)
     if size < needed:
         raise CheckpointError(
             f"{shard} is truncated: {size} bytes, where the checkpoint's {DCP_METADATA_FILE} records {needed}. "
-            f"{_DAMAGED}"
+            f"{_damaged(folder)}"
         )
     with open(shard, "rb") as file:
         for fqn, location in items:
@@ -135,7 +146,7 @@ def _check_shard(folder: Path, name: str, items: list[tuple[str, Any]]) -> None:
             if file.read(len(_TORCH_SAVE_HEADER)) != _TORCH_SAVE_HEADER:
                 raise CheckpointError(
                     f"{shard} is corrupted: {fqn} at byte {location.offset} is not the torch.save record its "
-                    f"{DCP_METADATA_FILE} records there. {_DAMAGED}"
+                    f"{DCP_METADATA_FILE} records there. {_damaged(folder)}"
                 )
 
 
@@ -180,6 +191,11 @@ class _CheckedReader(FileSystemReader):
         self._checked_metadata = metadata
         self._folder = folder
         self._checksums = saved_checksums(folder)
+        if not self._checksums:
+            rank_zero_warn(
+                f"{folder} was saved without checksums of its shards (by Lightning's FSDPStrategy, by DCP directly, or "
+                "before this package recorded them): its shards are checked for presence and length, not verified."
+            )
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         # Each rank verifies the shards its own part of the load reads; DCP gathers a failure to every rank.
@@ -187,7 +203,7 @@ class _CheckedReader(FileSystemReader):
         for name, found, recorded in mismatches(self._folder, names, self._checksums):
             raise CheckpointError(
                 f"{self._folder / name} is damaged: its CRC-32 is {found:08x}, where the save recorded "
-                f"{recorded:08x}. {_DAMAGED}"
+                f"{recorded:08x}. {_damaged(self._folder)}"
             )
         return super().read_data(plan, planner)
 
@@ -221,7 +237,7 @@ class _CheckedLoadPlanner(DefaultLoadPlanner):
 
 def _read_index(path: Path, weights_only: bool | None) -> Metadata:
     if path.stat().st_size == 0:
-        raise CheckpointError(f"{path}, DCP's index of the checkpoint, is empty. {_DAMAGED}")
+        raise CheckpointError(f"{path}, DCP's index of the checkpoint, is empty. {_damaged(path.parent)}")
     try:
         with open(path, "rb") as file:
             # weights_only=False: DCP's own way, unrestricted; the user trusts this checkpoint.
@@ -234,10 +250,12 @@ def _read_index(path: Path, weights_only: bool | None) -> Metadata:
     except Exception as error:
         raise CheckpointError(
             f"{path}, DCP's index of the checkpoint, cannot be read ({type(error).__name__}: {_first_line(error)}). "
-            f"{_DAMAGED}"
+            f"{_damaged(path.parent)}"
         ) from None
     if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP's index of a checkpoint. {_DAMAGED}")
+        raise CheckpointError(
+            f"{path} holds a {type(metadata).__name__}, not DCP's index of a checkpoint. {_damaged(path.parent)}"
+        )
     return metadata
 
 

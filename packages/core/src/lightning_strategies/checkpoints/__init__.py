@@ -22,6 +22,7 @@ from lightning_strategies.checkpoints.checkpoint_io import (
 from lightning_strategies.checkpoints.formats import (
     FILE,
     CheckpointFormat,
+    earlier_checkpoint_advice,
     foreign_checkpoint_error,
     format_named,
     identify,
@@ -50,6 +51,7 @@ __all__ = [
     "check_checkpoint_file",
     "check_file",
     "check_trainer_checkpoint",
+    "earlier_checkpoint_advice",
     "foreign_checkpoint_error",
     "format_named",
     "identify",

@@ -90,6 +90,37 @@ def identify(path: str | Path, formats: Iterable[CheckpointFormat] | None = None
     return None
 
 
+def earlier_checkpoint_advice(damaged: str | Path) -> str:
+    """What to do instead of loading ``damaged`` (a checkpoint, or a file inside one): resume from the newest other
+    checkpoint beside it, named where there is one, or copy this one again."""
+    checkpoint = _enclosing_checkpoint(Path(damaged))
+    try:
+        siblings = [
+            path
+            for path in checkpoint.parent.iterdir()
+            if path != checkpoint and not path.name.startswith(".") and identify(path) is not None
+        ]
+    except OSError:
+        siblings = []
+    if not siblings:
+        return "Resume from an earlier checkpoint, or copy this one again from where it came from."
+    newest = max(siblings, key=lambda path: path.stat().st_mtime)
+    return (
+        f"Resume from an earlier checkpoint (the newest other one beside it: ckpt_path={str(newest)!r}), or copy "
+        "this one again from where it came from."
+    )
+
+
+def _enclosing_checkpoint(path: Path, levels: int = 3) -> Path:
+    """The outermost checkpoint holding ``path`` within ``levels`` folders (a ZeRO folder holds tag folders of
+    per-rank files), or ``path`` itself."""
+    found = path
+    for candidate in [path, *path.parents][: levels + 1]:
+        if identify(candidate) is not None:
+            found = candidate
+    return found
+
+
 def foreign_checkpoint_error(path: str | Path, strategy: str, here: str) -> CheckpointError:
     """The error for a checkpoint ``strategy`` cannot read; ``here`` says what it does accept.
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from lightning_strategies.checkpoints.formats import earlier_checkpoint_advice
 from lightning_strategies.errors import CheckpointError
 
 # The legacy torch.save format begins with a protocol-2 pickle of torch's magic number.
@@ -47,7 +48,7 @@ def load_file(
                 f"{path} holds objects that loading with weights_only=True refuses (it runs no pickled code): "
                 f"{str(error).splitlines()[0]} {trust}"
             ) from error
-        raise CheckpointError(f"{path} could not be read ({error}). {_CORRUPT_HINT}") from error
+        raise CheckpointError(f"{path} could not be read ({error}). {earlier_checkpoint_advice(path)}") from error
 
 
 def load_weights_file(path: str | os.PathLike[str], weights_only: bool | None = None) -> Any:
@@ -67,7 +68,7 @@ def check_file(path: Path, verify: bool = True) -> None:
         raise CheckpointError(f"No checkpoint file at {path}. Check the path, or list the folder for the ones there.")
     size = path.stat().st_size
     if size == 0:
-        raise CheckpointError(f"The checkpoint file {path} is empty (0 bytes). {_CORRUPT_HINT}")
+        raise CheckpointError(f"The checkpoint file {path} is empty (0 bytes). {earlier_checkpoint_advice(path)}")
     zipped = zipfile.is_zipfile(path)
     if not zipped and not _is_legacy_torch_save(path):
         with open(path, "rb") as handle:
@@ -75,7 +76,7 @@ def check_file(path: Path, verify: bool = True) -> None:
         # What was found, not a guess at how: a cut-short save and a file that never was one look alike.
         raise CheckpointError(
             f"The checkpoint file {path} is truncated or corrupted: it holds {size:,} bytes starting with "
-            f"{start!r}, without the table of contents that ends a torch.save file. {_CORRUPT_HINT}"
+            f"{start!r}, without the table of contents that ends a torch.save file. {earlier_checkpoint_advice(path)}"
         )
     if verify and zipped:
         _check_records(path)
@@ -96,7 +97,8 @@ def _check_records(path: Path) -> None:
     if damaged is not None:
         raise CheckpointError(
             f"The checkpoint file {path} is damaged: its record {damaged} does not match the checksum torch.save "
-            f"wrote with it, so bytes changed after the save (a faulty disk, copy or download). {_CORRUPT_HINT}"
+            "wrote with it, so bytes changed after the save (a faulty disk, copy or download). "
+            f"{earlier_checkpoint_advice(path)}"
         )
 
 
@@ -105,6 +107,3 @@ def _is_legacy_torch_save(path: Path) -> bool:
     # table of contents to check; torch.load reads it or fails, and load_file words that failure.
     with open(path, "rb") as handle:
         return handle.read(len(_LEGACY_TORCH_SAVE_START)) == _LEGACY_TORCH_SAVE_START
-
-
-_CORRUPT_HINT = "Resume from an earlier checkpoint, or copy this one again from where it came from."
