@@ -13,17 +13,20 @@ from lightning_strategies import hookimpl
 from lightning_strategies.cli import main
 from lightning_strategies.planning import (
     GIB,
+    Fitted,
     Machine,
     ModelShape,
     Workload,
     activation_bytes,
     candidate,
-    host_memory,
     parse_count,
     plan,
-    rank,
     smallest_fitting_fraction,
+    unfound_evidence,
 )
+from lightning_strategies.planning.candidates import rank
+from lightning_strategies.planning.fitted import FITTED
+from lightning_strategies.planning.machine import host_memory
 
 
 class ToyPlugin:
@@ -233,3 +236,12 @@ def test_plan_needs_a_size():
     with pytest.raises(ValueError, match="params='13B'"):
         Workload.build(None)
     assert main(["plan", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100"]) == 2
+
+
+def test_every_fitted_constant_of_core_points_at_evidence_that_exists(tmp_path):
+    repository = Path(__file__).resolve().parents[3]
+    assert unfound_evidence(FITTED, repository) == []
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n## Predicted against measured\n")
+    table = {"X": Fitted(1, "x", ("page.md#predicted-against-measured", "page.md#elsewhere", "absent.json"))}
+    assert unfound_evidence(table, tmp_path) == ["X: page.md#elsewhere", "X: absent.json"]

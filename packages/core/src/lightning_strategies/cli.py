@@ -167,7 +167,8 @@ def command_check(arguments: argparse.Namespace) -> int:
 
 
 def command_plan(arguments: argparse.Namespace) -> int:
-    from lightning_strategies.planning import GIB, nothing_fits_message, plan, settings_text
+    from lightning_strategies.planning import GIB, plan
+    from lightning_strategies.planning.advice import nothing_fits_message, settings_text
 
     # Each option's dest is the name of plan()'s parameter it sets.
     given = vars(arguments)
