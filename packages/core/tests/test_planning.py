@@ -245,3 +245,42 @@ def test_every_fitted_constant_of_core_points_at_evidence_that_exists(tmp_path):
     page.write_text("# A page\n\n## Predicted against measured\n")
     table = {"X": Fitted(1, "x", ("page.md#predicted-against-measured", "page.md#elsewhere", "absent.json"))}
     assert unfound_evidence(table, tmp_path) == ["X: page.md#elsewhere", "X: absent.json"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        (["--params", "0"], "--params 0"),
+        (["--params=-2B"], "--params -2B"),
+        (["--params", "lots"], "--params lots"),
+        (["--params", "1B", "--layers", "0", "--hidden", "512"], "--layers 0"),
+        (["--params", "1B", "--seq-len", "-1"], "--seq-len -1"),
+        (["--params", "1B", "--micro-batch", "0"], "--micro-batch 0"),
+        (["--params", "1B", "--vocabulary", "0"], "--vocabulary 0"),
+        (["--params", "1B", "--gpus", "-1"], "--gpus -1"),
+        (["--params", "1B", "--gpu-memory", "0"], "--gpu-memory 0"),
+        (["--params", "1B", "--gpu-memory", "-80"], "--gpu-memory -80"),
+        (["--params", "1B", "--gpu-memory", "nan"], "--gpu-memory nan"),
+        (["--params", "1B", "--host-memory", "0"], "--host-memory 0"),
+        (["--params", "1B", "--nvme", "-1"], "--nvme -1"),
+    ],
+)
+def test_plan_refuses_sizes_counts_and_memory_that_are_zero_negative_or_unreadable(arguments, flag, capsys):
+    machine = {"--gpus": "1", "--gpu-memory": "80", "--host-memory": "100"}
+    for option, value in machine.items():
+        if not any(argument.split("=")[0] == option for argument in arguments):
+            arguments = [*arguments, option, value]
+    assert main(["plan", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {flag}") and "pass e.g." in error
+
+
+def test_gpus_without_their_size_on_a_machine_without_gpus_asks_for_the_size(monkeypatch, capsys):
+    from lightning_strategies.planning import machine
+
+    monkeypatch.setattr(machine, "_cuda_devices", lambda: (0, 0))
+    assert main(["plan", "--params", "1B", "--gpus", "8", "--host-memory", "100"]) == 2
+    assert "pass --gpu-memory GiB" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="gpu_memory_gib="):
+        plan("1B", gpus=8, host_memory_gib=100)
+    assert main(["plan", "--params", "1B", "--gpus", "8", "--gpu-memory", "80", "--host-memory", "100"]) in (0, 1)

@@ -338,9 +338,15 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning.add_argument(
         "--activation-checkpointing", action="store_true", help="blocks recompute their activations in backward"
     )
-    planning.add_argument("--gpus", type=int, help="GPUs to train on (default: those detected)")
     planning.add_argument(
-        "--gpu-memory", dest="gpu_memory_gib", metavar="GIB", type=float, help="GiB per GPU (default: detected)"
+        "--gpus", type=int, help="GPUs to train on, 0 or more (default: those detected; none here: give --gpu-memory)"
+    )
+    planning.add_argument(
+        "--gpu-memory",
+        dest="gpu_memory_gib",
+        metavar="GIB",
+        type=float,
+        help="GiB per GPU, more than 0 (default: detected; needed with --gpus where no GPU is detected)",
     )
     planning.add_argument(
         "--host-memory",

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from lightning_strategies.hooks import plugins_of
 from lightning_strategies.planning.advice import nothing_fits_message, suggestions
 from lightning_strategies.planning.candidates import Candidate, rank
 from lightning_strategies.planning.fitted import GIB
 from lightning_strategies.planning.machine import Machine
-from lightning_strategies.planning.workload import DEFAULT_VOCABULARY, Workload
+from lightning_strategies.planning.workload import DEFAULT_VOCABULARY, Workload, parse_count
 from lightning_strategies.registry import get_registry
 
 
@@ -64,6 +66,7 @@ def plan(
     for ``Trainer(strategy=...)``.
     """
     given = locals()  # these options are Workload fields of the same names
+    refuse_bad_input(given)
     training = {name: given[name] for name in ("micro_batch", "precision", "optimizer", "activation_checkpointing")}
     workload = Workload.build(params, layers, hidden, vocabulary, sequence_length=seq_len, **training)
     machine = Machine.detect(
@@ -72,7 +75,68 @@ def plan(
         int(host_memory_gib * GIB) if host_memory_gib is not None else None,
         int(nvme_gib * GIB),
     )
+    if gpus and gpu_memory_gib is None and machine.gpu_memory_bytes == 0:
+        raise ValueError(
+            f"--gpus {gpus} (gpus={gpus}) asks for GPUs, but no CUDA device was found here to read their size from: "
+            "pass --gpu-memory GiB (gpu_memory_gib= from Python), e.g. --gpu-memory 80 for an 80 GiB card."
+        )
     return plan_for(workload, machine, registry)
+
+
+# plan()'s parameters and the command line's flags for them, for errors that name both.
+FLAGS = {
+    "params": "--params",
+    "layers": "--layers",
+    "hidden": "--hidden",
+    "vocabulary": "--vocabulary",
+    "seq_len": "--seq-len",
+    "micro_batch": "--micro-batch",
+    "gpus": "--gpus",
+    "gpu_memory_gib": "--gpu-memory",
+    "host_memory_gib": "--host-memory",
+    "nvme_gib": "--nvme",
+}
+
+
+def refuse_bad_input(given: dict[str, Any]) -> None:
+    """Refuse sizes, counts and memory that are zero, negative or not numbers, naming the flag to pass: a plan
+    for 0 GiB GPUs or -8 layers would rank candidates for a machine or model that does not exist."""
+
+    def refuse(name: str, value: Any, rule: str, example: str) -> NoReturn:
+        raise ValueError(f"{FLAGS[name]} {value} ({name}={value!r}): {rule}; pass e.g. {FLAGS[name]} {example}.")
+
+    if given["params"] is not None:
+        try:
+            count = parse_count(given["params"])
+        except ValueError:
+            refuse("params", given["params"], "not a parameter count", "13B, 6.7B, 350M or 1.3e9")
+        if count <= 0:
+            refuse("params", given["params"], "a model needs a positive parameter count", "13B")
+    for name, example in (("layers", "32"), ("hidden", "4096"), ("vocabulary", "50304"), ("seq_len", "1024")):
+        _whole_at_least(given, name, 1, example, refuse)
+    _whole_at_least(given, "micro_batch", 1, "8", refuse)
+    _whole_at_least(given, "gpus", 0, "8 (0: a machine without GPUs)", refuse)
+    gpus = given["gpus"]
+    for name, example in (("gpu_memory_gib", "80"), ("host_memory_gib", "512"), ("nvme_gib", "1000")):
+        value = given[name]
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            refuse(name, value, "not a number of GiB", example)
+        # NVMe may be none; GPU memory none only where no GPU is asked for.
+        allowed_zero = name == "nvme_gib" or (name == "gpu_memory_gib" and gpus == 0)
+        if value < 0 or (value == 0 and not allowed_zero):
+            refuse(name, value, "memory must be more than 0 GiB", example)
+
+
+def _whole_at_least(given: dict[str, Any], name: str, least: int, example: str, refuse: Callable[..., None]) -> None:
+    value = given[name]
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        refuse(name, value, "not a whole number", example)
+    elif value < least:
+        refuse(name, value, f"must be at least {least}", example)
 
 
 def plan_for(workload: Workload, machine: Machine, registry: Any = None) -> Plan:
