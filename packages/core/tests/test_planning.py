@@ -214,8 +214,11 @@ def test_plan_json_lists_candidates_with_the_documented_fields(add_plugin, capsy
     add_plugin(ToyPlugin)
     arguments = ["plan", "--params", "1B", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100", "--json"]
     assert main(arguments) == 0
-    listed = json.loads(capsys.readouterr().out)
+    answer = json.loads(capsys.readouterr().out)
+    listed = answer["candidates"]
     assert [entry["strategy"] for entry in listed] == ["toy_ddp", "toy_offload"]
+    assert answer["best"] == listed[0] and answer["advice"] == [] and answer["problems"] == []
+    assert answer["machine"]["gpus"] == 1 and answer["workload"]["parameters"] == 10**9
     for entry in listed:
         assert {"strategy", "settings", "gpu_peak_gib", "host_peak_gib", "fits", "offloaded_fraction"} <= set(entry)
         assert isinstance(entry["gpu_peak_gib"], float) and isinstance(entry["fits"], bool)
@@ -284,3 +287,18 @@ def test_gpus_without_their_size_on_a_machine_without_gpus_asks_for_the_size(mon
     with pytest.raises(ValueError, match="gpu_memory_gib="):
         plan("1B", gpus=8, host_memory_gib=100)
     assert main(["plan", "--params", "1B", "--gpus", "8", "--gpu-memory", "80", "--host-memory", "100"]) in (0, 1)
+
+
+def test_plan_json_carries_the_advice_and_problems_the_table_prints(add_plugin, capsys):
+    add_plugin(ToyPlugin)
+    add_plugin(BrokenPlugin, name="broken", distribution="broken-dist")
+    arguments = ["--params", "20B", "--micro-batch", "1", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100"]
+    assert main(["plan", *arguments, "--json"]) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["best"] is None
+    assert len(answer["advice"]) == 1 and "What would:" in answer["advice"][0]
+    assert answer["suggestions"] and all(text in answer["advice"][0] for text in answer["suggestions"])
+    assert any("model failed" in problem for problem in answer["problems"])
+    no_gpu = ["--params", "1B", "--gpus", "0", "--gpu-memory", "0", "--host-memory", "100", "--json"]
+    assert main(["plan", *no_gpu]) == 1
+    assert "No CUDA device was found" in json.loads(capsys.readouterr().out)["advice"][0]

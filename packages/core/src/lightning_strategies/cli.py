@@ -168,13 +168,13 @@ def command_check(arguments: argparse.Namespace) -> int:
 
 def command_plan(arguments: argparse.Namespace) -> int:
     from lightning_strategies.planning import GIB, plan
-    from lightning_strategies.planning.advice import nothing_fits_message, settings_text
+    from lightning_strategies.planning.advice import settings_text
 
     # Each option's dest is the name of plan()'s parameter it sets.
     given = vars(arguments)
     result = plan(**{name: given[name] for name in inspect.signature(plan).parameters if name in given})
     if arguments.json:
-        json.dump([candidate.to_dict() for candidate in result.candidates], sys.stdout, indent=1)
+        json.dump(result.to_dict(), sys.stdout, indent=1)
         print()
         return 0 if result.fitting else 1
     workload, machine, shape = result.workload, result.machine, result.workload.shape
@@ -206,7 +206,7 @@ def command_plan(arguments: argparse.Namespace) -> int:
     for problem in result.problems:
         print(f"\nSKIPPED {problem}")
     if not result.fitting:
-        print("\n" + nothing_fits_message(result))
+        print("\n" + "\n".join(result.advice))
         return 1
     best = result.fitting[0]
     print(
@@ -363,7 +363,11 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         default=0.0,
         help="GiB of NVMe space for offloading (default: none)",
     )
-    planning.add_argument("--json", action="store_true", help="the ranked candidates as a JSON list")
+    planning.add_argument(
+        "--json",
+        action="store_true",
+        help="the plan as a JSON object: workload, machine, ranked candidates, best, advice, suggestions, problems",
+    )
     planning.set_defaults(handler=command_plan)
 
 

@@ -41,6 +41,42 @@ class Plan:
         """The best candidate's strategy object, ready for the Trainer."""
         return self.best().strategy_object(namespace, **overrides)
 
+    @property
+    def advice(self) -> list[str]:
+        """What the plan tells beside its table: where nothing fits, why and what would ("What would: ...",
+        "No CUDA device was found ...")."""
+        return [] if self.fitting else [nothing_fits_message(self)]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything the plan says, for ``plan --json``: what was planned for, the ranked candidates, the best,
+        the advice lines, the changes that would fit (``suggestions``) and the plugins whose hook failed."""
+        workload, machine, shape = self.workload, self.machine, self.workload.shape
+        return {
+            "workload": {
+                "parameters": workload.parameters,
+                "layers": shape.layers,
+                "hidden": shape.hidden,
+                "vocabulary": shape.vocabulary,
+                "sequence_length": workload.sequence_length,
+                "micro_batch": workload.micro_batch,
+                "precision": workload.precision,
+                "optimizer": workload.optimizer,
+                "activation_checkpointing": workload.activation_checkpointing,
+            },
+            "machine": {
+                "gpus": machine.gpus,
+                "gpu_memory_gib": round(machine.gpu_memory_bytes / GIB, 2),
+                "host_memory_gib": round(machine.host_memory_bytes / GIB, 2),
+                "nvme_gib": round(machine.nvme_bytes / GIB, 2),
+                "detected": list(machine.detected),
+            },
+            "candidates": [candidate.to_dict() for candidate in self.candidates],
+            "best": self.fitting[0].to_dict() if self.fitting else None,
+            "advice": self.advice,
+            "suggestions": list(self.suggestions),
+            "problems": list(self.problems),
+        }
+
 
 def plan(
     params: int | str | None = None,
