@@ -162,14 +162,16 @@ def test_plan_asks_every_plugin_and_ranks_their_candidates(add_plugin):
     add_plugin(ToyPlugin)
     add_plugin(BrokenPlugin, name="broken", distribution="broken-dist")
     result = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100)
-    assert [c.strategy for c in result.candidates] == ["toy_ddp", "toy_offload"]
+    # Lightning's plain single-device strategy comes from core, before the plugins' own.
+    assert [c.strategy for c in result.candidates] == ["auto", "toy_ddp", "toy_offload"]
     assert all(c.fits for c in result.candidates)
-    assert result.candidates[0].gpu_peak_gib > result.candidates[1].gpu_peak_gib
+    toys = result.candidates[1:]
+    assert toys[0].gpu_peak_gib > toys[1].gpu_peak_gib
     assert result.problems and "memory_plan_candidates failed" in result.problems[0]
     assert result.suggestions == []
     # More GPUs divide the toy's states.
     two = plan("1B", gpus=2, gpu_memory_gib=80, host_memory_gib=100)
-    assert two.candidates[0].gpu_peak_gib < result.candidates[0].gpu_peak_gib
+    assert next(c for c in two.candidates if c.strategy == "toy_ddp").gpu_peak_gib < toys[0].gpu_peak_gib
 
 
 def test_when_nothing_fits_the_plan_says_what_would(add_plugin):
@@ -204,7 +206,9 @@ def test_a_candidate_becomes_a_strategy_object_for_the_trainer(add_plugin):
     from lightning.pytorch.strategies import DDPStrategy
 
     add_plugin(ToyPlugin)
-    strategy = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100).best_strategy()
+    result = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100)
+    assert result.best_strategy() == "auto"  # Lightning's plain answer on one device
+    strategy = next(c for c in result.candidates if c.strategy == "toy_ddp").strategy_object()
     assert isinstance(strategy, DDPStrategy)
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}  # the candidate's settings reached it
     assert lightning_strategies.plan is plan
@@ -216,13 +220,13 @@ def test_plan_json_lists_candidates_with_the_documented_fields(add_plugin, capsy
     assert main(arguments) == 0
     answer = json.loads(capsys.readouterr().out)
     listed = answer["candidates"]
-    assert [entry["strategy"] for entry in listed] == ["toy_ddp", "toy_offload"]
+    assert [entry["strategy"] for entry in listed] == ["auto", "toy_ddp", "toy_offload"]
     assert answer["best"] == listed[0] and answer["advice"] == [] and answer["problems"] == []
     assert answer["machine"]["gpus"] == 1 and answer["workload"]["parameters"] == 10**9
     for entry in listed:
         assert {"strategy", "settings", "gpu_peak_gib", "host_peak_gib", "fits", "offloaded_fraction"} <= set(entry)
         assert isinstance(entry["gpu_peak_gib"], float) and isinstance(entry["fits"], bool)
-    assert listed[0]["settings"] == {"find_unused_parameters": True}
+    assert listed[1]["settings"] == {"find_unused_parameters": True}
 
 
 def test_plan_table_and_exit_status_when_nothing_fits(add_plugin, capsys):
@@ -302,3 +306,38 @@ def test_plan_json_carries_the_advice_and_problems_the_table_prints(add_plugin, 
     no_gpu = ["--params", "1B", "--gpus", "0", "--gpu-memory", "0", "--host-memory", "100", "--json"]
     assert main(["plan", *no_gpu]) == 1
     assert "No CUDA device was found" in json.loads(capsys.readouterr().out)["advice"][0]
+
+
+def test_a_small_model_gets_the_plain_answer_single_device_or_ddp():
+    """Lightning's own strategies are candidates wherever the model fits whole on each GPU (with no plugin
+    installed too), ranked before sharding, which only costs collectives there."""
+    one = plan("125M", gpus=1, gpu_memory_gib=80, host_memory_gib=64)
+    assert one.best().strategy == "auto" and one.best_strategy() == "auto"
+    assert one.best().notes == [
+        "Lightning's own strategy: the model and its optimizer whole on one device (Lightning's SingleDeviceStrategy)"
+    ]
+    eight = plan("125M", gpus=8, gpu_memory_gib=80, host_memory_gib=512)
+    assert eight.best().strategy == "ddp"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    assert isinstance(eight.best_strategy(), DDPStrategy)
+    # Too large to hold whole on one GPU: the plain strategies are listed as not fitting, and a sharded one wins.
+    large = plan("13B", gpus=8, gpu_memory_gib=80, host_memory_gib=1024)
+    plain = next(c for c in large.candidates if c.strategy == "ddp")
+    assert not plain.fits and large.fitting[0].strategy != "ddp"
+
+
+def test_plain_strategies_hold_the_whole_model_per_gpu_and_build_it_on_the_host_in_each_process():
+    from lightning_strategies.planning.builtins import predict
+
+    workload = Workload.build("1B", precision="bf16-mixed")
+    count, activations = workload.parameters, activation_bytes(workload)
+    # fp32 weights and gradients, Adam's moments, autocast's bf16 copy; DDP adds its gradient buckets.
+    assert predict(workload, 1, "auto").gpu_bytes == count * (4 + 4 + 8 + 2) + activations
+    assert predict(workload, 4, "ddp").gpu_bytes == count * (4 + 4 + 8 + 2 + 4) + activations
+    # Each process builds the fp32 model, and teardown brings it and the moments back to the host.
+    assert predict(workload, 4, "ddp").host_bytes - predict(workload, 1, "auto").host_bytes == pytest.approx(
+        3 * count * 12 + 3 * 2 * GIB
+    )
+    true32 = Workload.build("1B", precision="32-true")
+    assert predict(true32, 1, "auto").gpu_bytes == true32.parameters * 16 + activation_bytes(true32)

@@ -325,7 +325,9 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
 
 def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning = commands.add_parser(
-        "plan", help="which installed strategy fits a model on this machine, with predicted GPU and host peaks"
+        "plan",
+        help="which strategy fits a model on this machine (the installed ones, and Lightning's own auto and ddp), "
+        "with predicted GPU and host peaks",
     )
     planning.add_argument("--params", help="parameter count, e.g. 13B, 6.7B, 350M (or give --layers and --hidden)")
     planning.add_argument("--layers", type=int, help="decoder blocks (default: a GPT-3 shape for --params)")

@@ -61,8 +61,15 @@ class Candidate:
         return record
 
     def strategy_object(self, namespace: str = "lightning.pytorch", **overrides: Any) -> Any:
-        """The strategy instance, ready for ``Trainer(strategy=...)`` (or Fabric, with that namespace)."""
-        return get_registry().resolve(self.strategy, namespace=namespace, **{**self.settings, **overrides})
+        """The strategy instance, ready for ``Trainer(strategy=...)`` (or Fabric, with that namespace); for Lightning's
+        plain strategies, what the Trainer takes for them (``"auto"`` on one device)."""
+        from lightning_strategies.planning import builtins
+
+        settings = {**self.settings, **overrides}
+        registry = get_registry()
+        if self.strategy in builtins.NAMES and self.strategy not in registry:
+            return builtins.strategy_object(self.strategy, settings, namespace)
+        return registry.resolve(self.strategy, namespace=namespace, **settings)
 
 
 def candidate(

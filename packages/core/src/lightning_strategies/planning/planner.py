@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from lightning_strategies.hooks import plugins_of
+from lightning_strategies.planning import builtins
 from lightning_strategies.planning.advice import nothing_fits_message, suggestions
 from lightning_strategies.planning.candidates import Candidate, rank
 from lightning_strategies.planning.fitted import GIB
@@ -189,7 +190,9 @@ def plan_for(workload: Workload, machine: Machine, registry: Any = None) -> Plan
 
 
 def collect_candidates(registry: Any, workload: Workload, machine: Machine, problems: list[str]) -> list[Candidate]:
-    """Every plugin's answer, keeping only names the registry can resolve (not clashing, not disabled)."""
+    """Every plugin's answer, keeping only names the registry can resolve (not clashing, not disabled), and
+    Lightning's own plain strategies."""
     asked = plugins_of(registry).memory_plan_candidates(workload, machine)
     problems.extend(str(failure) for failure in asked.failures)
-    return [c for answer in asked.answers for c in answer if c.strategy in registry]
+    plain = builtins.candidates(workload, machine, registry)
+    return [*plain, *(c for answer in asked.answers for c in answer if c.strategy in registry)]
