@@ -146,7 +146,8 @@ def optimizer_for(strategy: str, settings: dict[str, Any]) -> str:
 
 def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_gib: float) -> dict[str, Any]:
     """The planner's candidate for this strategy and settings on the machine described."""
-    from lightning_strategies.planning import GIB, Machine, Workload, plan_for
+    from lightning_strategies.planning import GIB, Machine, Workload
+    from lightning_strategies.planning.planner import plan_for
 
     size = SIZES[configuration.size]
     workload = Workload.build(

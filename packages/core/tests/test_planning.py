@@ -13,17 +13,20 @@ from lightning_strategies import hookimpl
 from lightning_strategies.cli import main
 from lightning_strategies.planning import (
     GIB,
+    Fitted,
     Machine,
     ModelShape,
     Workload,
     activation_bytes,
     candidate,
-    host_memory,
     parse_count,
     plan,
-    rank,
     smallest_fitting_fraction,
+    unfound_evidence,
 )
+from lightning_strategies.planning.candidates import rank
+from lightning_strategies.planning.fitted import FITTED
+from lightning_strategies.planning.machine import host_memory
 
 
 class ToyPlugin:
@@ -159,14 +162,16 @@ def test_plan_asks_every_plugin_and_ranks_their_candidates(add_plugin):
     add_plugin(ToyPlugin)
     add_plugin(BrokenPlugin, name="broken", distribution="broken-dist")
     result = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100)
-    assert [c.strategy for c in result.candidates] == ["toy_ddp", "toy_offload"]
+    # Lightning's plain single-device strategy comes from core, before the plugins' own.
+    assert [c.strategy for c in result.candidates] == ["auto", "toy_ddp", "toy_offload"]
     assert all(c.fits for c in result.candidates)
-    assert result.candidates[0].gpu_peak_gib > result.candidates[1].gpu_peak_gib
+    toys = result.candidates[1:]
+    assert toys[0].gpu_peak_gib > toys[1].gpu_peak_gib
     assert result.problems and "memory_plan_candidates failed" in result.problems[0]
     assert result.suggestions == []
     # More GPUs divide the toy's states.
     two = plan("1B", gpus=2, gpu_memory_gib=80, host_memory_gib=100)
-    assert two.candidates[0].gpu_peak_gib < result.candidates[0].gpu_peak_gib
+    assert next(c for c in two.candidates if c.strategy == "toy_ddp").gpu_peak_gib < toys[0].gpu_peak_gib
 
 
 def test_when_nothing_fits_the_plan_says_what_would(add_plugin):
@@ -201,7 +206,9 @@ def test_a_candidate_becomes_a_strategy_object_for_the_trainer(add_plugin):
     from lightning.pytorch.strategies import DDPStrategy
 
     add_plugin(ToyPlugin)
-    strategy = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100).best_strategy()
+    result = plan("1B", gpus=1, gpu_memory_gib=80, host_memory_gib=100)
+    assert result.best_strategy() == "auto"  # Lightning's plain answer on one device
+    strategy = next(c for c in result.candidates if c.strategy == "toy_ddp").strategy_object()
     assert isinstance(strategy, DDPStrategy)
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}  # the candidate's settings reached it
     assert lightning_strategies.plan is plan
@@ -211,12 +218,15 @@ def test_plan_json_lists_candidates_with_the_documented_fields(add_plugin, capsy
     add_plugin(ToyPlugin)
     arguments = ["plan", "--params", "1B", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100", "--json"]
     assert main(arguments) == 0
-    listed = json.loads(capsys.readouterr().out)
-    assert [entry["strategy"] for entry in listed] == ["toy_ddp", "toy_offload"]
+    answer = json.loads(capsys.readouterr().out)
+    listed = answer["candidates"]
+    assert [entry["strategy"] for entry in listed] == ["auto", "toy_ddp", "toy_offload"]
+    assert answer["best"] == listed[0] and answer["advice"] == [] and answer["problems"] == []
+    assert answer["machine"]["gpus"] == 1 and answer["workload"]["parameters"] == 10**9
     for entry in listed:
         assert {"strategy", "settings", "gpu_peak_gib", "host_peak_gib", "fits", "offloaded_fraction"} <= set(entry)
         assert isinstance(entry["gpu_peak_gib"], float) and isinstance(entry["fits"], bool)
-    assert listed[0]["settings"] == {"find_unused_parameters": True}
+    assert listed[1]["settings"] == {"find_unused_parameters": True}
 
 
 def test_plan_table_and_exit_status_when_nothing_fits(add_plugin, capsys):
@@ -233,3 +243,101 @@ def test_plan_needs_a_size():
     with pytest.raises(ValueError, match="params='13B'"):
         Workload.build(None)
     assert main(["plan", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100"]) == 2
+
+
+def test_every_fitted_constant_of_core_points_at_evidence_that_exists(tmp_path):
+    repository = Path(__file__).resolve().parents[3]
+    assert unfound_evidence(FITTED, repository) == []
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n## Predicted against measured\n")
+    table = {"X": Fitted(1, "x", ("page.md#predicted-against-measured", "page.md#elsewhere", "absent.json"))}
+    assert unfound_evidence(table, tmp_path) == ["X: page.md#elsewhere", "X: absent.json"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "flag"),
+    [
+        (["--params", "0"], "--params 0"),
+        (["--params=-2B"], "--params -2B"),
+        (["--params", "lots"], "--params lots"),
+        (["--params", "1B", "--layers", "0", "--hidden", "512"], "--layers 0"),
+        (["--params", "1B", "--seq-len", "-1"], "--seq-len -1"),
+        (["--params", "1B", "--micro-batch", "0"], "--micro-batch 0"),
+        (["--params", "1B", "--vocabulary", "0"], "--vocabulary 0"),
+        (["--params", "1B", "--gpus", "-1"], "--gpus -1"),
+        (["--params", "1B", "--gpu-memory", "0"], "--gpu-memory 0"),
+        (["--params", "1B", "--gpu-memory", "-80"], "--gpu-memory -80"),
+        (["--params", "1B", "--gpu-memory", "nan"], "--gpu-memory nan"),
+        (["--params", "1B", "--host-memory", "0"], "--host-memory 0"),
+        (["--params", "1B", "--nvme", "-1"], "--nvme -1"),
+    ],
+)
+def test_plan_refuses_sizes_counts_and_memory_that_are_zero_negative_or_unreadable(arguments, flag, capsys):
+    machine = {"--gpus": "1", "--gpu-memory": "80", "--host-memory": "100"}
+    for option, value in machine.items():
+        if not any(argument.split("=")[0] == option for argument in arguments):
+            arguments = [*arguments, option, value]
+    assert main(["plan", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: {flag}") and "pass e.g." in error
+
+
+def test_gpus_without_their_size_on_a_machine_without_gpus_asks_for_the_size(monkeypatch, capsys):
+    from lightning_strategies.planning import machine
+
+    monkeypatch.setattr(machine, "_cuda_devices", lambda: (0, 0))
+    assert main(["plan", "--params", "1B", "--gpus", "8", "--host-memory", "100"]) == 2
+    assert "pass --gpu-memory GiB" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="gpu_memory_gib="):
+        plan("1B", gpus=8, host_memory_gib=100)
+    assert main(["plan", "--params", "1B", "--gpus", "8", "--gpu-memory", "80", "--host-memory", "100"]) in (0, 1)
+
+
+def test_plan_json_carries_the_advice_and_problems_the_table_prints(add_plugin, capsys):
+    add_plugin(ToyPlugin)
+    add_plugin(BrokenPlugin, name="broken", distribution="broken-dist")
+    arguments = ["--params", "20B", "--micro-batch", "1", "--gpus", "1", "--gpu-memory", "80", "--host-memory", "100"]
+    assert main(["plan", *arguments, "--json"]) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["best"] is None
+    assert len(answer["advice"]) == 1 and "What would:" in answer["advice"][0]
+    assert answer["suggestions"] and all(text in answer["advice"][0] for text in answer["suggestions"])
+    assert any("model failed" in problem for problem in answer["problems"])
+    no_gpu = ["--params", "1B", "--gpus", "0", "--gpu-memory", "0", "--host-memory", "100", "--json"]
+    assert main(["plan", *no_gpu]) == 1
+    assert "No CUDA device was found" in json.loads(capsys.readouterr().out)["advice"][0]
+
+
+def test_a_small_model_gets_the_plain_answer_single_device_or_ddp():
+    """Lightning's own strategies are candidates wherever the model fits whole on each GPU (with no plugin
+    installed too), ranked before sharding, which only costs collectives there."""
+    one = plan("125M", gpus=1, gpu_memory_gib=80, host_memory_gib=64)
+    assert one.best().strategy == "auto" and one.best_strategy() == "auto"
+    assert one.best().notes == [
+        "Lightning's own strategy: the model and its optimizer whole on one device (Lightning's SingleDeviceStrategy)"
+    ]
+    eight = plan("125M", gpus=8, gpu_memory_gib=80, host_memory_gib=512)
+    assert eight.best().strategy == "ddp"
+    from lightning.pytorch.strategies import DDPStrategy
+
+    assert isinstance(eight.best_strategy(), DDPStrategy)
+    # Too large to hold whole on one GPU: the plain strategies are listed as not fitting, and a sharded one wins.
+    large = plan("13B", gpus=8, gpu_memory_gib=80, host_memory_gib=1024)
+    plain = next(c for c in large.candidates if c.strategy == "ddp")
+    assert not plain.fits and large.fitting[0].strategy != "ddp"
+
+
+def test_plain_strategies_hold_the_whole_model_per_gpu_and_build_it_on_the_host_in_each_process():
+    from lightning_strategies.planning.builtins import predict
+
+    workload = Workload.build("1B", precision="bf16-mixed")
+    count, activations = workload.parameters, activation_bytes(workload)
+    # fp32 weights and gradients, Adam's moments, autocast's bf16 copy; DDP adds its gradient buckets.
+    assert predict(workload, 1, "auto").gpu_bytes == count * (4 + 4 + 8 + 2) + activations
+    assert predict(workload, 4, "ddp").gpu_bytes == count * (4 + 4 + 8 + 2 + 4) + activations
+    # Each process builds the fp32 model, and teardown brings it and the moments back to the host.
+    assert predict(workload, 4, "ddp").host_bytes - predict(workload, 1, "auto").host_bytes == pytest.approx(
+        3 * count * 12 + 3 * 2 * GIB
+    )
+    true32 = Workload.build("1B", precision="32-true")
+    assert predict(true32, 1, "auto").gpu_bytes == true32.parameters * 16 + activation_bytes(true32)

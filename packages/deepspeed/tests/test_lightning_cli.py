@@ -92,3 +92,25 @@ def test_a_config_is_read_as_a_dict_or_a_file(strategy_class: type, given: str, 
     lightning_class, _ = FACES[strategy_class]
     for strategy in check_lightning_cli_builds(strategy_class, {"config": value}, lightning_class):
         assert strategy.config == config
+
+
+@pytest.mark.parametrize("strategy_class", FACES)
+def test_the_plans_partial_offload_is_read_from_a_command_line_and_yaml(strategy_class: type) -> None:
+    """`plan` answers e.g. deepspeed_stage_3 with offload_optimizer=0.85: a share, which a YAML config and
+    --trainer.strategy.offload_optimizer=0.85 must carry as written (Lightning's own class takes a bool only)."""
+    _, own = FACES[strategy_class]
+    values = {**own, "stage": 3, "offload_optimizer": 0.85, "sub_group_size": 10_000_000}
+    for strategy in check_lightning_cli_builds(strategy_class, values):
+        assert strategy.config["zero_optimization"]["offload_optimizer"]["ratio"] == 0.85
+    for whole in (True, False):
+        for strategy in check_lightning_cli_builds(strategy_class, {**values, "offload_optimizer": whole}):
+            offloaded = strategy.config["zero_optimization"].get("offload_optimizer")
+            assert (offloaded is not None and "ratio" not in offloaded) if whole else offloaded is None
+
+
+@pytest.mark.parametrize("share", [0, 1.5, -0.2])
+def test_a_share_outside_zero_to_one_is_refused_with_the_values_allowed(share: float) -> None:
+    _, own = FACES[DeepSpeedStrategy]
+    values = {**own, "stage": 3, "offload_optimizer": share}
+    with pytest.raises(Exception, match=r"a number above 0 and at most 1"):
+        check_lightning_cli_builds(DeepSpeedStrategy, values)

@@ -13,9 +13,10 @@ import pytest
 from conftest import clean_environment
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
-from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes
+from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes, unfound_evidence
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.memory import (
+    FITTED,
     FP32_GRADIENT_BYTES,
     OPTIMIZER_OFFLOAD_STAGING_BYTES,
     ZeroSetting,
@@ -241,3 +242,8 @@ def test_zero_2_fills_its_gradient_partition_while_backward_frees_the_activation
     # backward, where the activations are alive; ZeRO-2's comes as backward frees them.
     assert stage_3 > 16 * count + activations
     assert stage_2 < 16 * count + activations
+
+
+def test_every_fitted_constant_points_at_evidence_that_exists():
+    repository = Path(__file__).resolve().parents[3]
+    assert unfound_evidence(FITTED, repository) == []

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, plan
-from lightning_strategies_fsdp.memory import candidates, predict
+from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, plan, unfound_evidence
+from lightning_strategies_fsdp.memory import FITTED, candidates, predict
 
 
 def test_sharding_divides_sixteen_bytes_per_parameter_over_the_gpus():
     workload = Workload.build("1B")
-    one, _, _ = predict(workload, 1, "fsdp")
-    four, _, _ = predict(workload, 4, "fsdp")
+    one = predict(workload, 1, "fsdp").gpu_bytes
+    four = predict(workload, 4, "fsdp").gpu_bytes
     assert one - four == pytest.approx(16 * workload.parameters * 3 / 4, rel=0.001)
-    replicas, _, _ = predict(workload, 4, "fsdp_no_shard")
+    replicas = predict(workload, 4, "fsdp_no_shard").gpu_bytes
     assert replicas == pytest.approx(one, rel=0.001)
 
 
 def test_cpu_offload_moves_the_states_to_the_host():
     workload = Workload.build("1B")
-    gpu, host, offloaded = predict(workload, 1, "fsdp")
-    offloaded_gpu, offloaded_host, fraction = predict(workload, 1, "fsdp_cpu_offload")
+    plain, offloading = predict(workload, 1, "fsdp"), predict(workload, 1, "fsdp_cpu_offload")
+    gpu, host, offloaded = plain.gpu_bytes, plain.host_bytes, plain.offloaded_fraction
+    offloaded_gpu, offloaded_host, fraction = offloading.gpu_bytes, offloading.host_bytes, offloading.offloaded_fraction
     assert (offloaded, fraction) == (0.0, 1.0)
     assert gpu - offloaded_gpu == pytest.approx(16 * workload.parameters, rel=0.001)
     # Offloading keeps all 16 bytes of each parameter's states in host memory.
@@ -31,15 +34,15 @@ def test_cpu_offload_moves_the_states_to_the_host():
 def test_no_process_holds_the_whole_model_on_the_host():
     """configure_model builds on the meta device: a process adds its base memory, not a copy of the model."""
     workload = Workload.build("70B")
-    _, one, _ = predict(workload, 1, "fsdp")
-    _, eight, _ = predict(workload, 8, "fsdp")
+    one = predict(workload, 1, "fsdp").host_bytes
+    eight = predict(workload, 8, "fsdp").host_bytes
     assert eight - one < 4 * workload.parameters / 8
     assert one < 4 * workload.parameters / 8
 
 
 def test_shard_grad_op_keeps_every_block_gathered():
     workload = Workload.build("1B")
-    assert predict(workload, 4, "fsdp_shard_grad_op")[0] > predict(workload, 4, "fsdp")[0] + GIB
+    assert predict(workload, 4, "fsdp_shard_grad_op").gpu_bytes > predict(workload, 4, "fsdp").gpu_bytes + GIB
 
 
 def test_plan_ranks_the_installed_fsdp_names():
@@ -50,3 +53,8 @@ def test_plan_ranks_the_installed_fsdp_names():
     fsdp = [c for c in result.candidates if c.strategy.startswith("fsdp")]
     assert fsdp and fsdp[0].strategy == "fsdp" and fsdp[0].fits
     assert type(fsdp[0].strategy_object()).__name__ == "FSDP2Strategy"
+
+
+def test_every_fitted_constant_points_at_evidence_that_exists():
+    repository = Path(__file__).resolve().parents[3]
+    assert unfound_evidence(FITTED, repository) == []

@@ -68,9 +68,9 @@ def environment_checks():
 
 @hookimpl
 def memory_plan_candidates(workload, machine):
-    from lightning_strategies_colossalai.memory import plan_candidates
+    from lightning_strategies_colossalai.memory import candidates
 
-    return plan_candidates(workload, machine)
+    return candidates(workload, machine)
 
 
 @hookimpl

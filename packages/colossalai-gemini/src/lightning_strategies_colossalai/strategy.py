@@ -35,7 +35,7 @@ from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged
 from lightning_strategies.hugging_face import record_models
 from lightning_strategies.precision import OwnPrecisionMixin
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
-from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, memory, refusals
+from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, refusals, statistics
 from lightning_strategies_colossalai import sharded_checkpoint as sharded
 from lightning_strategies_colossalai.backend import load_colossalai, undo_import_changes
 from lightning_strategies_colossalai.kernels import announce_kernel_build
@@ -255,7 +255,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         trainer = getattr(self.lightning_module, "_trainer", None)
-        memory.log_memory_statistics(trainer, self.is_global_zero, self.memory_statistics)
+        statistics.log_memory_statistics(trainer, self.is_global_zero, self.memory_statistics)
         return output
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -270,7 +270,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         if self._gemini_model is None:
             return {}
         optimizer = self.gemini_optimizer if self.optimizers else None
-        return memory.memory_statistics(self._gemini_model, optimizer)
+        return statistics.memory_statistics(self._gemini_model, optimizer)
 
     # ------------------------------------------------------------------------------ checkpoints
 

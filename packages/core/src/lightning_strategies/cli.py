@@ -167,13 +167,14 @@ def command_check(arguments: argparse.Namespace) -> int:
 
 
 def command_plan(arguments: argparse.Namespace) -> int:
-    from lightning_strategies.planning import GIB, nothing_fits_message, plan, settings_text
+    from lightning_strategies.planning import GIB, plan
+    from lightning_strategies.planning.advice import settings_text
 
     # Each option's dest is the name of plan()'s parameter it sets.
     given = vars(arguments)
     result = plan(**{name: given[name] for name in inspect.signature(plan).parameters if name in given})
     if arguments.json:
-        json.dump([candidate.to_dict() for candidate in result.candidates], sys.stdout, indent=1)
+        json.dump(result.to_dict(), sys.stdout, indent=1)
         print()
         return 0 if result.fitting else 1
     workload, machine, shape = result.workload, result.machine, result.workload.shape
@@ -205,7 +206,7 @@ def command_plan(arguments: argparse.Namespace) -> int:
     for problem in result.problems:
         print(f"\nSKIPPED {problem}")
     if not result.fitting:
-        print("\n" + nothing_fits_message(result))
+        print("\n" + "\n".join(result.advice))
         return 1
     best = result.fitting[0]
     print(
@@ -324,7 +325,9 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
 
 def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning = commands.add_parser(
-        "plan", help="which installed strategy fits a model on this machine, with predicted GPU and host peaks"
+        "plan",
+        help="which strategy fits a model on this machine (the installed ones, and Lightning's own auto and ddp), "
+        "with predicted GPU and host peaks",
     )
     planning.add_argument("--params", help="parameter count, e.g. 13B, 6.7B, 350M (or give --layers and --hidden)")
     planning.add_argument("--layers", type=int, help="decoder blocks (default: a GPT-3 shape for --params)")
@@ -337,9 +340,15 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
     planning.add_argument(
         "--activation-checkpointing", action="store_true", help="blocks recompute their activations in backward"
     )
-    planning.add_argument("--gpus", type=int, help="GPUs to train on (default: those detected)")
     planning.add_argument(
-        "--gpu-memory", dest="gpu_memory_gib", metavar="GIB", type=float, help="GiB per GPU (default: detected)"
+        "--gpus", type=int, help="GPUs to train on, 0 or more (default: those detected; none here: give --gpu-memory)"
+    )
+    planning.add_argument(
+        "--gpu-memory",
+        dest="gpu_memory_gib",
+        metavar="GIB",
+        type=float,
+        help="GiB per GPU, more than 0 (default: detected; needed with --gpus where no GPU is detected)",
     )
     planning.add_argument(
         "--host-memory",
@@ -356,7 +365,11 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         default=0.0,
         help="GiB of NVMe space for offloading (default: none)",
     )
-    planning.add_argument("--json", action="store_true", help="the ranked candidates as a JSON list")
+    planning.add_argument(
+        "--json",
+        action="store_true",
+        help="the plan as a JSON object: workload, machine, ranked candidates, best, advice, suggestions, problems",
+    )
     planning.set_defaults(handler=command_plan)
 
 

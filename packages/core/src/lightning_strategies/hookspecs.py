@@ -92,8 +92,9 @@ def memory_plan_candidates(workload: Workload, machine: Machine) -> list[Candida
     """Predict the memory of the plugin's strategy names for a workload, for `lightning-strategies plan`.
 
     Return one :class:`~lightning_strategies.planning.Candidate` per setting worth considering (a name,
-    the constructor settings that make it fit, its predicted peaks), built with
-    ``lightning_strategies.planning.candidate(...)`` so that ``fits`` is judged alike for every package.
+    the constructor settings that make it fit, its predicted peaks), built from the package's
+    :class:`~lightning_strategies.planning.Prediction` with ``lightning_strategies.planning.candidate_from(...)``
+    so that ``fits`` is judged alike for every package. Our packages answer from ``memory.candidates``.
     Choose the settings that fit where the strategy has a dial (an offload fraction, a bucket size);
     ``planning.smallest_fitting_fraction`` finds the least offload that fits. Keep it arithmetic: no
     backend import, no device use. Candidates naming strategies the registry cannot resolve are dropped.

@@ -103,7 +103,7 @@ class DeepSpeedBody(LightningAttributesMixin):
         zero_optimization: bool = True,
         stage: int = 2,
         remote_device: str | None = None,
-        offload_optimizer: bool = False,
+        offload_optimizer: bool | float = False,
         offload_parameters: bool = False,
         offload_params_device: str = "cpu",
         nvme_path: str = "/local_nvme",

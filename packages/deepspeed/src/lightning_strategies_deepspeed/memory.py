@@ -15,10 +15,12 @@ from typing import Any
 
 from lightning_strategies.planning import (
     Candidate,
+    Fitted,
     Machine,
+    Prediction,
     Workload,
     activation_bytes,
-    candidate,
+    candidate_from,
     host_base_bytes,
     smallest_fitting_fraction,
     with_choice_margin,
@@ -29,18 +31,36 @@ from lightning_strategies_deepspeed.defaults import DEFAULTS
 STAGE3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
 # DeepSpeed's tuning guide: with overlap_comm, ZeRO-1/2 hold about 4.5 times the bucket sizes.
 OVERLAP_COMM_BUCKET_FACTOR = 4.5
-# Host bytes per offloaded parameter beyond the states themselves (pinned staging buffers, CPU Adam's copies, and
-# a 16-bit gradient slot), where parameters are offloaded too or below ZeRO-3: the one measured point, ZeRO-3
-# offload of 2.7B on an H200 at 56.6 GiB of host memory (21 bytes per parameter against 18 of states), gives 3.
-# An estimate.
-OFFLOAD_HOST_OVERHEAD_BYTES = 3
-# The same for ZeRO-3's optimizer offload with the parameters on the GPU, its gradient slots counted apart:
-# measured on an H200 with DeepSpeed's sub-groups counted tensor by tensor, 9.0B (70% offloaded), 11.8B and 13.1B
-# (50%) held 18.25 bytes per offloaded parameter, 16 of them states and 2 the 16-bit slots; 2.7B without the
-# slots (offloaded_gradients_in_fp32, 55% offloaded), 16.5.
-OPTIMIZER_OFFLOAD_STAGING_BYTES = 0.25
-# Host bytes per parameter that ZeRO-3 without parameter offload holds for a moment during set-up.
-ZERO3_SETUP_HOST_BYTES = 2
+
+# The model's fitted constants and the measurements they came from.
+FITTED: dict[str, Fitted] = {
+    "OFFLOAD_HOST_OVERHEAD_BYTES": Fitted(
+        3,
+        "host bytes per offloaded parameter beyond its states (pinned staging buffers, CPU Adam's copies, a 16-bit "
+        "gradient slot) where parameters are offloaded too or below ZeRO-3",
+        ("docs/results/2026-11-23-h200-memory-accuracy-1x.json",),
+    ),
+    "OPTIMIZER_OFFLOAD_STAGING_BYTES": Fitted(
+        0.25,
+        "the same for ZeRO-3's optimizer offload with the parameters on the GPU, its gradient slots counted apart "
+        "(host_gradient_slots)",
+        (
+            "docs/results/2026-11-23-h100-memory-accuracy-ds-search-1x.json",
+            "docs/results/2026-11-23-h200-memory-accuracy-ds-12b-1x.json",
+            "docs/results/2026-11-23-h200-memory-accuracy-ds-gradients-1x.json",
+            "docs/results/2026-11-24-h200-memory-accuracy-ds-13b-fp32-1x.json",
+        ),
+    ),
+    "ZERO3_SETUP_HOST_BYTES": Fitted(
+        2,
+        "host bytes per parameter in each process while ZeRO-3 without parameter offload sets up: a 16-bit copy "
+        "of the parameters passes through",
+        ("docs/results/2026-11-23-h200-memory-accuracy-1x.json",),
+    ),
+}
+OFFLOAD_HOST_OVERHEAD_BYTES = FITTED["OFFLOAD_HOST_OVERHEAD_BYTES"].value
+OPTIMIZER_OFFLOAD_STAGING_BYTES = FITTED["OPTIMIZER_OFFLOAD_STAGING_BYTES"].value
+ZERO3_SETUP_HOST_BYTES = FITTED["ZERO3_SETUP_HOST_BYTES"].value
 # An fp32 gradient: CPU Adam reads each offloaded parameter's in host memory, and with a share offloaded each
 # GPU-held sub-group keeps one standing on the GPU; without offload ZeRO-3's step makes one sub-group's at a time.
 FP32_GRADIENT_BYTES = 4
@@ -54,18 +74,11 @@ class ZeroSetting:
     nvme: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    gpu_bytes: float  # per GPU, as torch.cuda.max_memory_allocated would report it
-    host_bytes: float  # the node's training processes together
-    nvme_bytes: float
-    offloaded_fraction: float
-
-
 def predict(
     workload: Workload, gpus: int, setting: ZeroSetting, parameters: dict[str, Any] | None = None
 ) -> Prediction:
-    """Peaks of one ZeRO setting for ``workload`` on ``gpus`` GPUs of one node."""
+    """Peaks of one ZeRO setting for ``workload`` on ``gpus`` GPUs of one node, with the strategy's ``parameters``
+    (the settings of the prediction)."""
     options = {**DEFAULTS, **(parameters or {})}
     count, states, shape = workload.parameters, workload.state_bytes(), workload.shape
     ratio, stage = setting.optimizer_offload, setting.stage
@@ -104,7 +117,7 @@ def predict(
         buffers = 0.0
     # Two moments hold the peak: backward's start, with every activation alive, and the optimizer step, with
     # the activations freed. ZeRO-3 allocates its gradient partition up front; ZeRO-1/2 fill theirs during
-    # backward while the activations are freed (measured on an H200: ds2 1.3B 35.2 GiB, ds3 2.7B 66.5 GiB).
+    # backward while the activations are freed (ds2 and ds3 in 2026-11-23-h200-memory-accuracy-1x.json).
     backward_gradients = gradients if stage == 3 else 0.0
     backward = weights + backward_gradients + gpu_optimizer + buffers + activation_bytes(workload)
     step = weights + gradients + gpu_optimizer + step_buffers
@@ -120,14 +133,13 @@ def predict(
     host_states = 0.0 if setting.nvme else offloaded + overhead
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
         # With any optimizer offload ZeRO-3 allocates a gradient slot on the host for every parameter at set-up;
-        # the strategy replaces it (gradient_buffers.py) before CPU Adam's moments arrive with the first step.
-        # Measured on an H200 with 45% of 10.6B offloaded: 58.3 GiB after set-up (fp32 masters and gradients of
-        # the offloaded share, and that buffer), 86.8 GiB at the peak; DeepSpeed's buffer kept, 97.3 GiB.
+        # the strategy replaces it (gradient_buffers.py) before CPU Adam's moments arrive with the first step
+        # (docs/results/2026-11-23-h200-memory-accuracy-ds-gradients-1x.json; DeepSpeed's buffer kept:
+        # 2026-11-23-h200-memory-accuracy-largest-1x.json).
         setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + states.gradients * count
         host_states = max(host_states, setup)
     if stage == 3 and not setting.offload_parameters:
-        # Set-up passes a 16-bit copy of the parameters through host memory in each process: ZeRO-3 of 2.7B on
-        # one H200 peaked at 6.6 GiB resident during set-up and held 1.5 GiB after it. Measured once.
+        # Set-up passes a 16-bit copy of the parameters through host memory in each process.
         host_states = max(host_states, gpus * count * ZERO3_SETUP_HOST_BYTES)
     nvme = offloaded if setting.nvme else 0.0
     # After fit, Lightning's Strategy.teardown (which DeepSpeed's strategies keep) moves the module and the
@@ -135,17 +147,17 @@ def predict(
     # host already holds (stage 3's module holds placeholders).
     module = 0.0 if stage == 3 or setting.offload_parameters else gpus * count * states.weights
     if ratio == 0 and not setting.offload_parameters:
-        # Without optimizer offload every rank's Adam moments move too. Measured on an H200: ds2 1.3B 15.4 GiB,
-        # ds3 2.7B 22.8 GiB, on two GPUs 24.9 GiB. With a share offloaded (45% of 6.7B) resident memory did not
-        # grow after the last step: the state Lightning moves is then CPU Adam's, already on the host. So a
-        # small offload can lower the host peak: one measurement says so, and the planner follows it.
+        # Without optimizer offload every rank's Adam moments move too (2026-11-23-h200-memory-accuracy-1x.json
+        # and -2x.json). With a share offloaded resident memory did not grow after the last step (the 45% run in
+        # -1x.json): the state Lightning moves is then CPU Adam's, already on the host. So a small offload can
+        # lower the host peak: one measurement says so, and the planner follows it.
         moments = count * states.optimizer if stage >= 1 else gpus * count * states.optimizer
         host_states = max(host_states, moments + module)
     else:
         host_states += module
     host = host_base_bytes(gpus) + host_states
     moved = ratio * count * states.optimizer_side + offloaded_weights + (ratio * count * states.gradients)
-    return Prediction(gpu, host, nvme, min(1.0, moved / (count * states.total)))
+    return Prediction(gpu, host, nvme, min(1.0, moved / (count * states.total)), dict(parameters or {}))
 
 
 def host_gradient_slots(workload: Workload, ratio: float, options: dict[str, Any]) -> float:
@@ -231,17 +243,7 @@ def _candidate(
     if 0 < setting.optimizer_offload < 1:
         share = 1 - gpu_share(setting.optimizer_offload, partition_sizes(workload, gpus), chosen["sub_group_size"])
         notes.append(f"offloads {share:.0%} of the optimizer states: the ratio, in DeepSpeed's whole sub-groups")
-    return candidate(
-        name,
-        chosen,
-        prediction.gpu_bytes,
-        prediction.host_bytes,
-        machine,
-        prediction.offloaded_fraction,
-        notes,
-        preference,
-        prediction.nvme_bytes,
-    )
+    return candidate_from(name, prediction, machine, notes, preference)
 
 
 def choose_offload_ratio(workload: Workload, machine: Machine, gradients_in_fp32: bool = False) -> float | None:

@@ -10,13 +10,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_strategies.planning import Candidate, Machine, Workload, activation_bytes, candidate, host_base_bytes
+from lightning_strategies.planning import (
+    Candidate,
+    Fitted,
+    Machine,
+    Prediction,
+    Workload,
+    activation_bytes,
+    candidate_from,
+    host_base_bytes,
+)
 
 # Blocks gathered at a time: the one running and the one prefetched.
 GATHERED_BLOCKS = 2
-# Host bytes per parameter beyond the states with CPUOffloadPolicy: pinned staging copies of the gathered
-# low-precision weights and the gradients coming back. An estimate, to be fitted.
-OFFLOAD_HOST_OVERHEAD_BYTES = 2
+
+# The model's fitted constants and the measurements they were checked against.
+FITTED: dict[str, Fitted] = {
+    "OFFLOAD_HOST_OVERHEAD_BYTES": Fitted(
+        2,
+        "host bytes per parameter beyond the states with CPUOffloadPolicy: pinned staging copies of the gathered "
+        "low-precision weights and of the gradients coming back",
+        ("docs/results/2026-11-23-h200-memory-accuracy-1x.json",),
+    ),
+}
+OFFLOAD_HOST_OVERHEAD_BYTES = FITTED["OFFLOAD_HOST_OVERHEAD_BYTES"].value
 
 
 def _states_per_parameter(workload: Workload) -> int:
@@ -24,8 +41,8 @@ def _states_per_parameter(workload: Workload) -> int:
     return 4 + 4 + workload.optimizer_state_bytes
 
 
-def predict(workload: Workload, gpus: int, name: str) -> tuple[float, float, float]:
-    """(GPU peak per device, host peak of the node, share of model states offloaded) for an fsdp name."""
+def predict(workload: Workload, gpus: int, name: str) -> Prediction:
+    """The peaks of an fsdp name on ``gpus`` GPUs of one node."""
     count, shape = workload.parameters, workload.shape
     compute_bytes = workload.low_precision_bytes
     states = count * _states_per_parameter(workload)
@@ -43,11 +60,12 @@ def predict(workload: Workload, gpus: int, name: str) -> tuple[float, float, flo
     gpu_states = 0.0 if offloading else states / shards
     gpu = gpu_states + gathered + unsharded_gradient + activation_bytes(workload)
     # configure_model builds on the meta device and each shard is allocated where it trains, so no process holds
-    # the whole model on the host (a Llama-3 8B on 4 x H200: 2.0 GiB resident per process, the machine +5.9 GiB;
-    # docs/results/2026-11-27-h200x4-hugging-face-8b.jsonl). Offloading keeps the states in host memory.
+    # the whole model on the host (docs/results/2026-11-27-h200x4-hugging-face-8b.jsonl). Offloading keeps the
+    # states in host memory.
     offloaded = states + OFFLOAD_HOST_OVERHEAD_BYTES * count if offloading else 0.0
     host = host_base_bytes(gpus) + offloaded
-    return gpu, host, 1.0 if offloading else 0.0
+    settings, _ = NAMES[name]
+    return Prediction(gpu, host, offloaded_fraction=1.0 if offloading else 0.0, settings=dict(settings))
 
 
 # name -> (constructor settings, preference among equal offload)
@@ -62,12 +80,11 @@ NAMES: dict[str, tuple[dict[str, Any], int]] = {
 def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
     gpus = max(1, machine.gpus)
     found = []
-    for name, (settings, preference) in NAMES.items():
+    for name, (_, preference) in NAMES.items():
         if name == "fsdp_no_shard" and gpus == 1:
             continue  # the same as fsdp on one GPU
-        gpu, host, offloaded = predict(workload, gpus, name)
         notes = []
         if workload.activation_checkpointing:
             notes.append("pass activation_checkpointing_policy={YourBlock} for the checkpointing planned here")
-        found.append(candidate(name, settings, gpu, host, machine, offloaded, notes, preference))
+        found.append(candidate_from(name, predict(workload, gpus, name), machine, notes, preference))
     return found
