@@ -46,7 +46,7 @@ FITTED: dict[str, Fitted] = {
         20,
         "host bytes per parameter planned for placement auto, which decides at run time: every state on the host "
         "plus a copy, since runs of it were killed for host memory after the traced first step",
-        ("docs/which-strategy.md#the-largest-model-on-one-h200",),
+        ("docs/which-strategy.md#the-largest-model-on-one-gpu",),
     ),
 }
 CPU_UPDATE_TEMPORARY_BYTES = FITTED["CPU_UPDATE_TEMPORARY_BYTES"].value
