@@ -28,20 +28,15 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 
 __all__ = [
-    "CAUSAL",
     "EVERY_CASE",
     "FAMILIES",
     "MODES",
     "Case",
-    "HuggingFaceModule",
-    "SeedExampleModule",
-    "TransformersModule",
     "check_results",
     "data",
     "eager_model",
     "initialisation_problems",
     "launch",
-    "logits_of",
     "tiny_config",
     "write_pretrained",
 ]
