@@ -24,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from typing_extensions import override
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import FILE, check_file, foreign_checkpoint_error, identify
@@ -179,6 +180,7 @@ class _CheckedReader(FileSystemReader):
         super().__init__(folder)
         self._checked_metadata = metadata
 
+    @override
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self._checked_metadata.storage_meta is None:
             self._checked_metadata.storage_meta = StorageMeta()
@@ -194,6 +196,7 @@ class _CheckedLoadPlanner(DefaultLoadPlanner):
         super().__init__(allow_partial_load=allow_partial_load)
         self.weights_only = weights_only
 
+    @override
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         if self.weights_only is not False:
             try:
@@ -236,6 +239,7 @@ class _RefusedGlobal(pickle.UnpicklingError):
 class _IndexUnpickler(pickle.Unpickler):
     """Unpickles DCP's index and refuses any other type or function (weights_only for ``.metadata``)."""
 
+    @override
     def find_class(self, module: str, name: str) -> Any:
         if _is_index_type(module, name):
             return super().find_class(module, name)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from typing_extensions import override
 
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 
@@ -189,27 +190,33 @@ class TransformersModule(LightningModule):
             model = peft.get_peft_model(model, settings)
         self.model = model
 
+    @override
     def forward(self, batch: list[torch.Tensor]) -> Any:
         if self.case.family == "bert":
             return self.model(input_ids=batch[0], labels=batch[1] if len(batch) > 1 else None)
         return self.model(input_ids=batch[0], labels=batch[0])
 
+    @override
     def training_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
         loss = self(batch).loss
         self.losses.append(float(loss.detach()))
         return loss
 
+    @override
     def predict_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
         return self(batch).logits.float().cpu()
 
     # Saved while fitting (a ZeRO-3 model set up for predict has no engine to save with): the weights as set up,
     # before any step (initialised from a config, or read from a checkpoint), and as trained.
+    @override
     def on_train_start(self) -> None:
         self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "initial.ckpt")
 
+    @override
     def on_train_end(self) -> None:
         self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "last.ckpt")
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainable = [parameter for parameter in self.parameters() if parameter.requires_grad]
         if self.optimizer_name == "hybrid":  # the one optimizer family Gemini steps
@@ -222,6 +229,7 @@ class TransformersModule(LightningModule):
             return DeepSpeedCPUAdam(trainable, lr=self.learning_rate)
         return torch.optim.AdamW(trainable, lr=self.learning_rate)
 
+    @override
     def train_dataloader(self) -> DataLoader:
         dataset = data(self.case.family, 256, seed=0)
         # Each rank its own part of the data; the Trainer's distributed sampler is off for predict (below).
@@ -230,6 +238,7 @@ class TransformersModule(LightningModule):
         )
         return DataLoader(dataset, batch_size=8, sampler=sampler)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(data(self.case.family, 16, seed=1), batch_size=16)  # every rank the same batch
 
@@ -237,6 +246,7 @@ class TransformersModule(LightningModule):
 class HuggingFaceModule(TransformersModule):
     """The model built in ``configure_model``, as Lightning 2 asks."""
 
+    @override
     def configure_model(self) -> None:
         self.build()
 
@@ -254,6 +264,7 @@ class SeedExampleModule(TransformersModule):
     """The ColossalAI strategy's API page as written: the model built in ``configure_sharded_model``, the hook
     Lightning 2.6 still calls (with a deprecation warning) where ``configure_model`` is not overridden."""
 
+    @override
     def configure_sharded_model(self) -> None:
         self.build()
 
