@@ -12,6 +12,7 @@ import torch
 
 from lightning_strategies import checkpoints, hookimpl
 from lightning_strategies.checkpoints import FILE, CheckpointFormat, identify
+from lightning_strategies.checkpoints.formats import installed_formats
 from lightning_strategies.hooks import plugins_of
 from lightning_strategies.registry import StrategyRegistry
 
@@ -54,9 +55,9 @@ def test_a_plugins_format_is_recognised_only_while_the_plugin_is_registered(
     assert identify(acme_folder) is None
     add_plugin(AcmePlugin(), name="acme")
     assert identify(acme_folder) is ACME
-    assert checkpoints.installed_formats() == [ACME] and checkpoints.format_named("acme") is ACME
+    assert installed_formats() == [ACME]
     plugins_of(registry).remove("acme")
-    assert identify(acme_folder) is None and checkpoints.format_named("acme") is None
+    assert identify(acme_folder) is None and installed_formats() == []
 
 
 def test_a_single_torch_save_file_is_cores_own_format(registry: StrategyRegistry, tmp_path: Path) -> None:
@@ -118,24 +119,3 @@ def test_an_unknown_layout_says_to_check_the_path_or_install_its_package(
     message = str(checkpoints.foreign_checkpoint_error(acme_folder, "DeepSpeedStrategy", "a DeepSpeed folder"))
     assert "no checkpoint layout that the installed strategy packages know" in message
     assert "Check the path" in message and "install that package" in message
-
-
-def test_the_formerly_exported_layout_names_equal_the_installed_formats_by_key(
-    registry: StrategyRegistry, add_plugin: Callable[..., None], tmp_path: Path
-) -> None:
-    # Packages released before the hook compare identify's answer with these names.
-    from lightning_strategies.checkpoints import DEEPSPEED
-
-    folder = touch(tmp_path / "ds" / "latest").parent
-    described = CheckpointFormat("deepspeed", "DeepSpeed's", "deepspeed", "", lambda path: path == folder)
-
-    class Described:
-        @hookimpl
-        def checkpoint_formats(self):
-            return [described]
-
-    assert identify(folder) != DEEPSPEED
-    add_plugin(Described(), name="described")
-    assert identify(folder) == DEEPSPEED and identify(folder) in (None, DEEPSPEED)
-    with pytest.raises(AttributeError, match=r"'lightning_strategies\.checkpoints' has no attribute 'NOT_A_FORMAT'"):
-        checkpoints.NOT_A_FORMAT  # noqa: B018

@@ -13,8 +13,8 @@ from lightning_strategies.checkpoints import (
     check_trainer_checkpoint,
     reads_torch_save_files,
     staged_checkpoint_io_save,
-    writes_in_background,
 )
+from lightning_strategies.checkpoints.checkpoint_io import writes_in_background
 from lightning_strategies.errors import CheckpointError
 from lightning_strategies.testing import written_by_another_package
 

@@ -18,6 +18,7 @@ from lightning_strategies import CheckpointError  # noqa: E402
 from lightning_strategies import hugging_face as hf  # noqa: E402
 from lightning_strategies.cli import main as cli  # noqa: E402
 from lightning_strategies.conformance import hugging_face as conformance  # noqa: E402
+from lightning_strategies.hugging_face.pretrained import pending_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +49,11 @@ def test_deferred_from_pretrained_reads_every_weight_of_the_file(saved: Path) ->
 def test_a_shard_reads_only_its_rows(saved: Path) -> None:
     with hf.deferred_pretrained_loading("test"), torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_pretrained(saved)
-    ((prefix, _, weights),) = hf.pending_weights(model)
+    ((prefix, _, weights),) = pending_weights(model)
     assert prefix == ""  # the model is the root
     whole = weights.read("model.embed_tokens.weight")
     assert torch.equal(weights.read("model.embed_tokens.weight", (slice(32, 64),)), whole[32:64])
-    assert hf.pending_weights(model) == []  # handed out once
+    assert pending_weights(model) == []  # handed out once
 
 
 def test_the_patch_on_transformers_lasts_as_long_as_the_context(saved: Path) -> None:

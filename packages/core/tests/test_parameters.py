@@ -160,7 +160,8 @@ def test_parameter_docs_follow_a_shared_body_and_its_renaming(tmp_path, monkeypa
     )
     (package / "faces.py").write_text(
         "from collections import OrderedDict\n"
-        "from lightning_strategies import constructor_for, rename_parameter\n"
+        "from lightning_strategies import constructor_for\n"
+        "from lightning_strategies.parameters import rename_parameter\n"
         "from .body import Body\n\n"
         "class Trainer(Body):\n"
         '    """Args:\n        precision_plugin: The Trainer\'s plugin.\n    """\n'

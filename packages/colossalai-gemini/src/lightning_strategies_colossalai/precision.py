@@ -14,6 +14,7 @@ from typing import Any
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
 
 from lightning_strategies_colossalai.options import PRECISIONS
 
@@ -35,6 +36,7 @@ class GeminiPrecision(Precision):
         """The name GeminiPlugin uses for this precision ("fp16" or "bf16")."""
         return PRECISIONS[self.precision]
 
+    @override
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
@@ -49,6 +51,7 @@ class GeminiPrecision(Precision):
         # GeminiOptimizer.step unscales, checks overflow (fp16), clips and updates; it takes no closure.
         return optimizer.step(**kwargs)
 
+    @override
     def clip_gradients(
         self,
         optimizer: Any,

@@ -18,7 +18,6 @@ import torch
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import (
-    COLOSSALAI,
     check_file,
     foreign_checkpoint_error,
     identify,
@@ -105,6 +104,9 @@ def check_sharded_checkpoint(path: Path, with_optimizer: bool, weights_only: boo
     Another strategy's folder, or a folder of no known format, is refused with what it is and how to
     convert it; an incomplete or damaged one with what is missing.
     """
+    # checkpoint_layout describes this package's layout from this module's file names, so it is imported here.
+    from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
+
     found = identify(path)
     if found not in (None, COLOSSALAI):
         raise foreign_checkpoint_error(path, "ColossalAIStrategy", here=_READS)

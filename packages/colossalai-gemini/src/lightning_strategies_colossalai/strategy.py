@@ -21,6 +21,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
 
 from lightning_strategies.checkpoints import (
     check_checkpoint_file,
@@ -147,6 +148,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     # ----------------------------------------------------------------------------------- checks
 
+    @override
     def own_precision_plugin(self, precision: str) -> GeminiPrecision:
         plugin = GeminiPrecision(precision)
         self.settings.warn_precision(precision)
@@ -156,6 +158,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         """Refuse anything but CUDA, before processes are launched or colossalai is imported."""
         refusals.check_accelerator(self.accelerator, self.settings.placement_policy)
 
+    @override
     def _configure_launcher(self) -> None:
         self.check_accelerator()
         super()._configure_launcher()
@@ -171,6 +174,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     # ------------------------------------------------------------------------------ environment
 
+    @override
     def setup_environment(self) -> None:
         self.check_accelerator()
         load_colossalai()
@@ -180,25 +184,30 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         watch_ranks(self.global_rank, self.world_size)
         lazy_init.seed_ranks_alike()
 
+    @override
     def tensor_init_context(self, empty_init: bool | None = None) -> Any:
         # Gemini places parameters chunk by chunk; built on the GPU first, the whole model would have to fit.
         return contextlib.nullcontext()
 
+    @override
     def model_sharded_context(self) -> Any:
         """Modules built in ``configure_model`` are lazy: materialised one parameter at a time as
         GeminiDDP moves them into (sharded) chunks."""
         return lazy_init.lazy_init_context(self.root_device, self.strategy_name)
 
+    @override
     def model_to_device(self) -> None:
         """GeminiDDP moves parameters into chunks on the placement's devices."""
 
     # ----------------------------------------------------------------------------------- set-up
 
     @property
+    @override
     def restore_checkpoint_after_setup(self) -> bool:
         return True
 
     @property
+    @override
     def handles_gradient_accumulation(self) -> bool:
         return False
 
@@ -208,6 +217,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             self.settings, str(self.precision_plugin.precision), self.world_size, trainer
         )
 
+    @override
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None
         self.refuse_weight_averaging(trainer)
@@ -236,6 +246,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             self._check_placement(trainer, gemini_optimizer)
         self.setup_precision_plugin()
 
+    @override
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """GeminiOptimizer scales the loss (fp16) and runs backward under Gemini's chunk hooks."""
         assert self.lightning_module is not None
@@ -252,12 +263,14 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             raise RuntimeError("ColossalAIStrategy has no optimizer: backward is only possible while fitting.")
         return getattr(self.optimizers[0], "_optimizer", self.optimizers[0])
 
+    @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         output = super().optimizer_step(optimizer, closure, model, **kwargs)
         trainer = getattr(self.lightning_module, "_trainer", None)
         statistics.log_memory_statistics(trainer, self.is_global_zero, self.memory_statistics)
         return output
 
+    @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         """Predictions as plain tensors: through GeminiDDP they come back as ColossalAI's ColoTensor, which a file of
         them saved with torch.save cannot be loaded as with torch's default weights_only=True."""
@@ -274,6 +287,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     # ------------------------------------------------------------------------------ checkpoints
 
+    @override
     def lightning_module_state_dict(self, rank_zero_only: bool = True) -> dict[str, Any]:
         """The full model state gathered from the chunks, on CPU; with ``rank_zero_only`` only rank 0
         gets the tensors (the others an empty dict). Sharded checkpoints write the model themselves."""
@@ -283,6 +297,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             return {}
         return checkpoint_state.gathered_model_state(self._gemini_model, rank_zero_only, self.is_global_zero)
 
+    @override
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         if self.settings.state_dict_type == "sharded":
             return {}
@@ -290,6 +305,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         state = optimizer.state_dict(only_rank_0=True)
         return state if self.is_global_zero else {}
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Write beside ``filepath``, published in one step once every rank is done (core's ``staged_save``)."""
         record_models(checkpoint, self.lightning_module)
@@ -308,10 +324,12 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                 write_meta=self.is_global_zero,
             )  # fmt: skip
 
+    @override
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
             remove_checkpoint_path(filepath, self.checkpoint_io)
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Load a full checkpoint file or a sharded folder, after checking it is whole and is ColossalAI's."""
         recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
@@ -331,6 +349,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     check_sharded_checkpoint = staticmethod(sharded.check_sharded_checkpoint)
 
+    @override
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         if checkpoint.get(sharded.SHARDED_MARKER):
             return  # loaded from the shard files in load_checkpoint
@@ -340,6 +359,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         with checkpoint_state.fp32_chunk_transfers(self._gemini_model):
             self._gemini_model.load_state_dict(checkpoint["state_dict"], strict=strict)
 
+    @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         if self.optimizers:
             checkpoint_state.load_loss_scaler_state(
@@ -353,6 +373,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     # --------------------------------------------------------------------------------- teardown
 
+    @override
     def teardown(self) -> None:
         # Lightning's teardown moves the module and optimizer to CPU; Gemini's parameters live in
         # chunks, so only the plugins are torn down and the chunks are kept for a later run.

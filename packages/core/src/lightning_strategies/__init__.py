@@ -24,7 +24,6 @@ from lightning_strategies.parameters import (
     check_choice,
     check_type,
     constructor_for,
-    rename_parameter,
     warn_obsolete_parameter,
 )
 from lightning_strategies.planning import plan
@@ -67,7 +66,6 @@ __all__ = [
     "hookimpl",
     "invalid_name_sentence",
     "plan",
-    "rename_parameter",
     "warn_obsolete_parameter",
     "watched_modules",
 ]

@@ -23,12 +23,10 @@ from packaging.version import Version
 from lightning_strategies.errors import MissingBackendError
 
 __all__ = [
-    "declared_requirement",
     "installed_version",
     "jit_build_checks",
     "lazy_exports",
     "require_backend",
-    "tool_version",
 ]
 
 

@@ -41,11 +41,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
-    "EXIT_CODE",
-    "TIMEOUT_VARIABLE",
     "ReportFailuresMixin",
-    "failed_rank_timeout",
-    "report_failure",
     "watch_ranks",
 ]
 

@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     from lightning_strategies.registry import StrategyRegistry
 
 __all__ = [
-    "ANOTHER_PACKAGE",
-    "OUTPUT_TAIL",
     "QUIET_TRAINER",
     "ScriptFailed",
     "another_packages_checkpoint",
@@ -43,7 +41,6 @@ __all__ = [
     "check_internal",
     "check_lightning_cli_builds",
     "check_trainer_and_fabric_agree",
-    "checkpoint_layouts_described",
     "described",
     "error_of",
     "free_port",

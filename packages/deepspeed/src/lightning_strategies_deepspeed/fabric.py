@@ -22,6 +22,7 @@ from lightning.fabric.strategies.deepspeed import DeepSpeedStrategy as Lightning
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn import Module
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import weights_only_keyword
@@ -41,18 +42,23 @@ class DeepSpeedFabricPrecision(LightningFabricDeepSpeedPrecision):
         super().__init__(precision)  # type: ignore[arg-type]  # Lightning's refuses the flags DeepSpeed has no dtype for
         self.dtype = DTYPES[self.precision]
 
+    @override
     def convert_module(self, module: Module) -> Module:
         return module.to(dtype=self.dtype) if self.precision.endswith("-true") else module
 
+    @override
     def convert_input(self, data: Any) -> Any:
         return apply_to_collection(data, torch.Tensor, _to_floating_dtype, self.dtype)
 
+    @override
     def convert_output(self, data: Any) -> Any:
         return apply_to_collection(data, torch.Tensor, _to_floating_dtype, torch.get_default_dtype())
 
+    @override
     def backward(self, tensor: torch.Tensor, model: Any, *args: Any, **kwargs: Any) -> None:
         model.backward(tensor, *args, **kwargs)
 
+    @override
     def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
         return optimizer.step(**kwargs)  # the engine: it steps on the accumulation boundary
 
@@ -76,6 +82,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     _own_precision_given = False  # read by the precision setter, which the base constructor calls
     precision_keyword = "precision"
 
+    @override
     def _finish_init(self, precision: Precision | None) -> None:
         self._own_precision_given = precision is not None
         # The engine reduces gradients only on the accumulation boundary its config sets, so there is no
@@ -83,7 +90,8 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         self._backward_sync_control = None
         self._engine: Any = None
 
-    @property
+    @property  # type: ignore[explicit-override]  # mypy#15900: a property with a setter never counts as marked
+    @override
     def precision(self) -> Precision:
         return self._precision if self._precision is not None else DeepSpeedFabricPrecision()
 
@@ -112,6 +120,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     def _deepspeed_engine(self, engine: Any) -> None:
         self._engine = engine
 
+    @override
     def _setup_distributed(self) -> None:
         self._check_devices()
         super()._setup_distributed()
@@ -120,6 +129,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
             # The user's loop owns batch size and accumulation: DeepSpeed's config decides them.
             self._complete_config(self.precision.precision, accumulation=1, micro_batch_size=1)
 
+    @override
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
         if len(optimizers) != 1:
             raise ValueError(
@@ -131,11 +141,13 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         self._engine = engine
         return engine, [optimizer], scheduler
 
+    @override
     def setup_module(self, module: Module) -> Any:
         self._finish_partitioned_models(module)
         self._engine = self._initialize_evaluation_engine(module)
         return self._engine
 
+    @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         raise NotImplementedError(
             "The `DeepSpeedStrategy` does not support setting up the module and optimizer(s) independently. Please "
@@ -143,6 +155,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
             "fabric.setup(model, optimizer)."
         )
 
+    @override
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
         self._refuse_eager_init_under_zero_3(empty_init)
         stack = ExitStack()
@@ -159,6 +172,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         stack.enter_context(self._partitioned_init(self.config))
         return stack
 
+    @override
     def backward(self, tensor: torch.Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
         engine = module if hasattr(module, "backward") and hasattr(module, "step") else self._engine
         if engine is None:
@@ -166,17 +180,20 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         self._engine = engine  # the optimizer wrapper steps the engine that did the backward
         self.precision.backward(tensor, engine, *args, **kwargs)
 
+    @override
     def clip_gradients_norm(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         raise NotImplementedError(
             f"{_CLIPPING_IN_THE_CONFIG} DeepSpeed clips inside its step: pass "
             "DeepSpeedStrategy(config={..., 'gradient_clipping': max_norm})."
         )
 
+    @override
     def clip_gradients_value(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
             f"{_CLIPPING_IN_THE_CONFIG} DeepSpeed clips by the gradients' global norm only, not by value."
         )
 
+    @override
     def save_checkpoint(
         self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: dict[str, Callable] | None = None
     ) -> None:
@@ -201,6 +218,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         record_models(client_state, engine.module)
         self._save_engine(engine, path, client_state)
 
+    @override
     def load_checkpoint(
         self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
     ) -> dict[str, Any]:

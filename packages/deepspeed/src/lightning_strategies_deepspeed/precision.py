@@ -14,6 +14,7 @@ import torch
 from lightning.fabric.utilities.types import Steppable
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision as LightningDeepSpeedPrecision
 from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
 
 from lightning_strategies_deepspeed.body import DTYPES
 from lightning_strategies_deepspeed.config import DeepSpeedConfigurationError
@@ -29,20 +30,25 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
         self.dtype = DTYPES[self.precision]
         self._in_optimizer_step = False
 
+    @override
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         if self.precision.endswith("-true"):
             return module.to(dtype=self.dtype)
         return module  # in mixed mode the engine converts the module and keeps fp32 masters
 
+    @override
     def convert_input(self, data: Any) -> Any:
         return apply_to_collection(data, torch.Tensor, _to_floating_dtype, self.dtype)
 
+    @override
     def tensor_init_context(self) -> AbstractContextManager:
         return _DefaultDtype(self.dtype) if self.precision.endswith("-true") else nullcontext()
 
+    @override
     def module_init_context(self) -> AbstractContextManager:
         return self.tensor_init_context()
 
+    @override
     def backward(self, tensor: torch.Tensor, model: Any, optimizer: Any, *args: Any, **kwargs: Any) -> None:
         engine = model.trainer.model
         if not model.automatic_optimization:
@@ -56,6 +62,7 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
             engine.step()  # advances DeepSpeed's micro-step bookkeeping; no update off the boundary
 
     # The Trainer's signature, which narrows Fabric's as Lightning's own Trainer Precision does.
+    @override
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Steppable, model: Any, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
@@ -77,6 +84,7 @@ class DeepSpeedPrecision(LightningDeepSpeedPrecision):
             )
         return model.trainer.model.step(**kwargs)
 
+    @override
     def clip_gradients(self, optimizer: Any, clip_val: Any = 0.0, gradient_clip_algorithm: Any = None) -> None:
         """DeepSpeed clips inside ``engine.step()`` from the config's ``gradient_clipping``."""
 
@@ -89,9 +97,11 @@ class _DefaultDtype(AbstractContextManager):
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
+    @override
     def __enter__(self) -> None:
         self.previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
 
+    @override
     def __exit__(self, *exc: Any) -> None:
         torch.set_default_dtype(self.previous)

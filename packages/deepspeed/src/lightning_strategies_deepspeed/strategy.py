@@ -25,6 +25,7 @@ from lightning.pytorch.strategies.deepspeed import DeepSpeedStrategy as Lightnin
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning.pytorch.utilities.types import LRSchedulerConfig
+from typing_extensions import override
 
 from lightning_strategies import CheckpointError, MissingBackendError, constructor_for
 from lightning_strategies.checkpoints import remove
@@ -57,6 +58,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
 
     # -- precision ---------------------------------------------------------------------------
 
+    @override
     def own_precision_plugin(self, precision: str) -> DeepSpeedPrecision:
         return DeepSpeedPrecision(fp16_mixed_on_cpu_as_bf16(precision, isinstance(self.accelerator, CPUAccelerator)))
 
@@ -65,25 +67,30 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         return self.model
 
     @property
+    @override
     def handles_gradient_accumulation(self) -> bool:
         # Lightning marks the window; the precision plugin tells the engine where it ends.
         return False
 
     @property
+    @override
     def restore_checkpoint_after_setup(self) -> bool:
         return True  # the engine must exist to load its shards
 
     @property
+    @override
     def lightning_restore_optimizer(self) -> bool:
         return False  # the engine restores its (partitioned) optimizer state itself
 
     # -- start-up ----------------------------------------------------------------------------
 
+    @override
     def setup_distributed(self) -> None:
         self._check_devices()
         super().setup_distributed()
         self._attach_deepspeed()
 
+    @override
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
@@ -188,25 +195,30 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             profile=checkpointing.get("profile"),
         )
 
+    @override
     def setup_optimizers(self, trainer: Any) -> None:
         """The optimizer is built with the engine in ``setup``."""
         self.optimizers = []
         self.lr_scheduler_configs = []
 
+    @override
     def model_to_device(self) -> None:
         if self.model is not None and not self.zero_stage_3:
             self.model.to(self.root_device)
 
+    @override
     def pre_backward(self, closure_loss: torch.Tensor) -> None:
         """No DistributedDataParallel to prepare: the engine reduces gradients."""
 
     @contextmanager
+    @override
     def block_backward_sync(self) -> Generator[None, None, None]:
         yield  # the engine skips reduction off the accumulation boundary
 
     # -- model creation ----------------------------------------------------------------------
 
     @contextmanager
+    @override
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
         self._refuse_eager_init_under_zero_3(empty_init)
         if self.zero_stage_3:
@@ -216,6 +228,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             yield
 
     @contextmanager
+    @override
     def model_sharded_context(self) -> Generator[None, None, None]:
         """Parameters created here (in ``configure_model``) are partitioned at once under ZeRO stage 3."""
         if not self.zero_stage_3:
@@ -238,12 +251,15 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
 
     # -- checkpoints -------------------------------------------------------------------------
 
+    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         return {}  # the engine writes the (partitioned) weights itself
 
+    @override
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
         return {}  # the engine writes the (partitioned) optimizer state itself
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Write a DeepSpeed checkpoint directory at ``filepath``: one shard per rank, Lightning's state inside."""
         if storage_options is not None:
@@ -257,10 +273,12 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         }
         self._save_engine(self.model, filepath, client_state)
 
+    @override
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
             remove(filepath)
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint_path = self._recover_checkpoint(checkpoint_path)
         if self.load_full_weights:
@@ -294,6 +312,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             )
         return checkpoint
 
+    @override
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         if not (self.load_full_weights or self._full_weights_pending):
             return  # the engine already loaded its shards in load_checkpoint
@@ -308,6 +327,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         if refresh_fp32_params is not None:
             refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
 
+    @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         """The engine restored the optimizer state in load_checkpoint."""
 

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
@@ -148,6 +149,7 @@ class OptimizerStatesError(CheckpointError, KeyError, RuntimeError):
     optimizers. Lightning's FSDPStrategy raises KeyError for the first and RuntimeError for the second; this is
     both, so existing ``except`` clauses still catch it."""
 
+    @override
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 

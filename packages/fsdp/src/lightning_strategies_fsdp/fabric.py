@@ -13,6 +13,7 @@ from lightning.fabric.strategies.strategy import _BackwardSyncControl
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import load_file
@@ -36,16 +37,20 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
     __init__ = constructor_for(__qualname__, FSDP2Body.__init__)
     precision_keyword = "precision"
 
+    @override
     def _finish_init(self) -> None:
         self._backward_sync_control = _FSDPBackwardSyncControl()
 
+    @override
     def setup_environment(self) -> None:
         super().setup_environment()
         self.connect_processes()
 
+    @override
     def _precision_flag(self) -> str:
         return str(self.precision.precision)
 
+    @override
     def setup_module_and_optimizers(self, module: Module, optimizers: list[Optimizer], scheduler: Any = None) -> Any:
         """Shard the module, then point each optimizer at the sharded parameters that replaced the ones it was
         created with (matched by parameter name)."""
@@ -59,21 +64,27 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
                 group["params"] = [sharded[names[parameter]] for parameter in group["params"]]
         return module, optimizers, scheduler
 
+    @override
     def setup_module(self, module: Module) -> Module:
         return self._shard(module)
 
+    @override
     def module_to_device(self, module: Module) -> None:
         pass  # fully_shard places each shard
 
+    @override
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager:
         return self._init_context(empty_init, self.precision.module_init_context())
 
+    @override
     def all_reduce(self, tensor: Tensor, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
         return self._reduce(tensor, group, reduce_op)
 
+    @override
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
         return checkpoints.model_state(module, full=self._full_state)
 
+    @override
     def save_checkpoint(
         self,
         path: Any,
@@ -106,6 +117,7 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         else:
             self._save_sharded(path, tensors, metadata)
 
+    @override
     def clip_gradients_norm(
         self,
         module: Module,
@@ -118,6 +130,7 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         self.precision.unscale_gradients(optimizer)
         return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type, error_if_nonfinite)
 
+    @override
     def load_checkpoint(
         self,
         path: Any,
@@ -219,6 +232,7 @@ class _FSDPBackwardSyncControl(_BackwardSyncControl):
     """Named as Lightning's, whose name its refusal of a module not set up says."""
 
     @contextmanager
+    @override
     def no_backward_sync(self, module: Module, enabled: bool) -> Any:
         if not enabled:
             yield

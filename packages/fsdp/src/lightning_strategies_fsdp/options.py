@@ -27,6 +27,7 @@ from torch.distributed.fsdp import (
     ShardingStrategy,
 )
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from typing_extensions import override
 
 from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
 
@@ -63,6 +64,7 @@ class ShardingStrategyError(ValueError, KeyError):
     """An unknown sharding strategy: a KeyError, as Lightning's FSDPStrategy raises looking the name up in FSDP1's
     ShardingStrategy, and a ValueError, as ours raised before."""
 
+    @override
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
 
@@ -49,5 +50,6 @@ class FSDP2BF16MixedPrecision(FSDP2MixedPrecision):
         super().__init__("bf16-mixed", device)
 
     @contextmanager
+    @override
     def forward_context(self) -> Iterator[None]:
         yield

@@ -27,6 +27,7 @@ from lightning.pytorch.strategies.parallel import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import reads_torch_save_files, remove
@@ -67,9 +68,11 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
     __init__ = constructor_for(__qualname__, FSDP2Body.__init__, precision="precision_plugin")
     precision_keyword = "precision_plugin"
 
+    @override
     def _precision_flag(self) -> str:
         return str(self.precision_plugin.precision)
 
+    @override
     def own_precision_plugin(self, precision: str) -> Any:
         """The plugin for a flag. Lightning's connector hands this strategy, as one of its FSDP strategies, an FSDP1
         ``FSDPPrecision`` (whose gradient clipping by norm refuses to run); the plugins its generic path builds
@@ -91,20 +94,24 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         return True
 
     @property
+    @override
     def restore_checkpoint_after_setup(self) -> bool:
         # Checkpoints load into the sharded model, so no process ever holds the whole model.
         return True
 
     @property
+    @override
     def lightning_restore_optimizer(self) -> bool:
         return False  # load_checkpoint restores the optimizers, sharded
 
+    @override
     def setup_environment(self) -> None:
         super().setup_environment()
         self.connect_processes()
         assert self.lightning_module is not None
         self.lightning_module._device_mesh = self._device_mesh  # readable in configure_model
 
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -136,15 +143,18 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
 
         return isinstance(self.options.offload_policy, CPUOffloadPolicy)
 
+    @override
     def model_to_device(self) -> None:
         pass  # fully_shard places each shard (on the accelerator, or in host memory when offloading)
 
     @contextmanager
+    @override
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
         with self._init_context(empty_init, self.precision_plugin.tensor_init_context()):
             yield
 
     @contextmanager
+    @override
     def model_sharded_context(self) -> Generator[None, None, None]:
         """``configure_model`` (and ``configure_sharded_model``) build on the meta device: no process holds the
         whole model, and ``setup`` allocates each shard where it trains, initialized or read from the files."""
@@ -152,14 +162,17 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
             yield
 
     @contextmanager
+    @override
     def block_backward_sync(self) -> Generator[None, None, None]:
         assert self.model is not None
         with gradient_sync_paused(self.model):
             yield
 
+    @override
     def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
         return self._reduce(tensor, group, reduce_op)
 
+    @override
     def teardown(self) -> None:
         assert self.cluster_environment is not None
         assert self.accelerator is not None
@@ -169,16 +182,19 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
 
     # Checkpoints -------------------------------------------------------------------------------
 
+    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         assert self.model is not None
         return checkpoints.model_state(self.model, full=self._full_state)
 
+    @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         assert self.model is not None
         if isinstance(optimizer, LightningOptimizer):
             optimizer = optimizer._optimizer
         return checkpoints.optimizer_state(self.model, optimizer, full=self._full_state)
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         self._refuse_storage_options(storage_options)
         path = self._agreed_path(filepath)
@@ -191,6 +207,7 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
             tensors[f"optimizer_{index}"] = state
         self._save_sharded(path, tensors, checkpoint)
 
+    @override
     def remove_checkpoint(self, filepath: Any) -> None:
         if not self.is_global_zero:
             return
@@ -199,6 +216,7 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         else:
             remove(filepath)  # a kill half way through never leaves a partial checkpoint under the name
 
+    @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         assert self.model is not None
         assert self.lightning_module is not None
@@ -218,9 +236,11 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         )
         return checkpoints.join_trainer_optimizers(loaded)
 
+    @override
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         pass  # load_checkpoint loaded the weights into the sharded model already
 
+    @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         pass  # load_checkpoint loaded the optimizer states already
 

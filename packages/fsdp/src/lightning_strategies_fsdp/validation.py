@@ -25,6 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_warn
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from typing_extensions import override
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import (
@@ -197,6 +198,7 @@ class _CheckedReader(FileSystemReader):
                 "before this package recorded them): its shards are checked for presence and length, not verified."
             )
 
+    @override
     def read_data(self, plan: Any, planner: Any) -> Any:
         # Each rank verifies the shards its own part of the load reads; DCP gathers a failure to every rank.
         names = {self.storage_data[item.storage_index].relative_path for item in plan.items}
@@ -207,6 +209,7 @@ class _CheckedReader(FileSystemReader):
             )
         return super().read_data(plan, planner)
 
+    @override
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self._checked_metadata.storage_meta is None:
             self._checked_metadata.storage_meta = StorageMeta()
@@ -222,6 +225,7 @@ class _CheckedLoadPlanner(DefaultLoadPlanner):
         super().__init__(allow_partial_load=allow_partial_load)
         self.weights_only = weights_only
 
+    @override
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
         if self.weights_only is not False:
             try:
@@ -266,6 +270,7 @@ class _RefusedGlobal(pickle.UnpicklingError):
 class _IndexUnpickler(pickle.Unpickler):
     """Unpickles DCP's index and refuses any other type or function (weights_only for ``.metadata``)."""
 
+    @override
     def find_class(self, module: str, name: str) -> Any:
         if _is_index_type(module, name):
             return super().find_class(module, name)

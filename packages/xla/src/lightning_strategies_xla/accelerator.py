@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.device_parser import _check_data_type
 from lightning.pytorch.accelerators.xla import XLAAccelerator as LightningXLAAccelerator
+from typing_extensions import override
 
 from lightning_strategies_xla import devices
 
@@ -27,15 +28,18 @@ class XLAAccelerator(LightningXLAAccelerator):
 
     @staticmethod
     @functools.lru_cache(maxsize=1)  # xmp.spawn drops the device-count variables, so keep the first answer
+    @override
     def auto_device_count() -> int:
         return devices.local_device_count()
 
     @staticmethod
     @functools.lru_cache(maxsize=1)
+    @override
     def is_available() -> bool:
         return XLAAccelerator.auto_device_count() > 0
 
     @staticmethod
+    @override
     def parse_devices(requested: int | str | list[int]) -> int | list[int]:
         """One device, all of them, or one device by index: what PJRT's process model allows."""
         available = XLAAccelerator.auto_device_count()
@@ -52,6 +56,7 @@ class XLAAccelerator(LightningXLAAccelerator):
         )
 
     @staticmethod
+    @override
     def get_parallel_devices(requested: int | list[int]) -> list[torch.device]:
         # Placeholders only: the real XLA device exists once the worker processes run.
         parsed = XLAAccelerator.parse_devices(requested)

@@ -20,6 +20,7 @@ from lightning.fabric.strategies.strategy import Strategy
 from lightning.fabric.strategies.xla import XLAStrategy as LightningXLAStrategy
 from lightning.fabric.strategies.xla_fsdp import XLAFSDPStrategy as LightningXLAFSDPStrategy
 from lightning.fabric.utilities.types import _PATH, Optimizable
+from typing_extensions import override
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import (
@@ -47,6 +48,7 @@ class XLAPrecision(DtypeConversionMixin, LightningFabricXLAPrecision):
         import_torch_xla()
         self._choose_precision(precision)
 
+    @override
     def teardown(self) -> None:
         pass  # nothing was set in os.environ
 
@@ -120,6 +122,7 @@ class SingleDeviceXLAStrategy(
     # The body's constructor under this class's name, which Python's errors for a wrong call then name.
     __init__ = constructor_for(__qualname__, SingleDeviceXLABody.__init__)
 
+    @override
     def _init_lightning_base(self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Any) -> None:
         SingleDeviceStrategy.__init__(self, device, accelerator, checkpoint_io, precision)
 
@@ -134,6 +137,7 @@ class XLAFSDPStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAFSDPStr
     debug = False
     _lightnings_name = "XLA FSDP"
 
+    @override
     def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
         import torch_xla
 
@@ -142,6 +146,7 @@ class XLAFSDPStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAFSDPStr
         torch_xla.sync()
         return loss
 
+    @override
     def save_checkpoint(
         self,
         path: _PATH,
@@ -159,6 +164,7 @@ class XLAFSDPStrategy(LaunchedDeviceMixin, _CurrentXLAMixin, LightningXLAFSDPStr
         with staged_save(target, self.is_global_zero, self.barrier) as staged:
             super().save_checkpoint(staged, state, storage_options=storage_options, filter=filter)
 
+    @override
     def load_checkpoint(
         self,
         path: _PATH,

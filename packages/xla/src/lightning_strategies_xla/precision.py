@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.types import Optimizable
 from lightning.pytorch.plugins.precision.xla import XLAPrecision as LightningXLAPrecision
+from typing_extensions import override
 
 from lightning_strategies_xla.devices import import_torch_xla
 from lightning_strategies_xla.dtypes import DtypeConversionMixin
@@ -30,6 +31,7 @@ class XLAPrecision(DtypeConversionMixin, LightningXLAPrecision):
         import_torch_xla()
         self._choose_precision(precision)
 
+    @override
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Optimizable, model: pl.LightningModule, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
@@ -48,5 +50,6 @@ class XLAPrecision(DtypeConversionMixin, LightningXLAPrecision):
             )
         return result
 
+    @override
     def teardown(self) -> None:
         pass  # no process-wide state to undo: nothing was set in os.environ

@@ -22,6 +22,7 @@ from lightning.pytorch.strategies.single_xla import (
 )
 from lightning.pytorch.strategies.strategy import Strategy
 from lightning.pytorch.strategies.xla import XLAStrategy as LightningXLAStrategy
+from typing_extensions import override
 
 from lightning_strategies import constructor_for, invalid_name_sentence
 from lightning_strategies.checkpoints import check_trainer_checkpoint, remove_checkpoint_path, weights_only_keyword
@@ -39,11 +40,13 @@ from lightning_strategies_xla.precision import XLAPrecision
 class _CurrentXLAMixin(OneFileCheckpointsMixin, DebugSwitchMixin, OwnPrecisionMixin):
     """What both strategies change in Lightning's: the precision plugin, the debug switch and checkpoints."""
 
+    @override
     def own_precision_plugin(self, precision: str) -> XLAPrecision:
         forget_stock_environment()
         return XLAPrecision(precision)
 
-    @property
+    @property  # type: ignore[explicit-override]  # mypy#15900: a property with a setter never counts as marked
+    @override
     def precision_plugin(self) -> Any:
         return super().precision_plugin
 
@@ -111,6 +114,7 @@ class SingleDeviceXLAStrategy(SingleDeviceXLABody, _CurrentXLAMixin, LightningSi
     strategy_name = "single_xla"
     __init__ = constructor_for(__qualname__, SingleDeviceXLABody.__init__, precision="precision_plugin")
 
+    @override
     def _init_lightning_base(self, device: torch.device, accelerator: Any, checkpoint_io: Any, precision: Any) -> None:
         SingleDeviceStrategy.__init__(self, device, accelerator, checkpoint_io, precision_plugin=precision)
         self._own_precision_given = precision is not None  # what OwnPrecisionMixin's constructor, skipped, would set

@@ -15,6 +15,7 @@ from lightning_strategies import check_type
 from lightning_strategies.checkpoints import remove, staged_save
 from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from typing_extensions import override
 
 
 class {{class_name}}(ReportFailuresMixin, DDPStrategy):
@@ -40,22 +41,26 @@ class {{class_name}}(ReportFailuresMixin, DDPStrategy):
         super().__init__(**kwargs)
         self.fp16_gradient_communication = fp16_gradient_communication
 
+    @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
         # When one rank fails, the others end at once and name it, instead of waiting in a
         # collective until the process group times out (ReportFailuresMixin tells them).
         watch_ranks(self.global_rank, self.world_size)
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         # Written aside and published whole by rank 0: a kill mid-save keeps the previous checkpoint.
         with staged_save(filepath, self.is_global_zero, self.barrier) as staged:
             if self.is_global_zero:
                 self.checkpoint_io.save_checkpoint(checkpoint, staged, storage_options=storage_options)
 
+    @override
     def remove_checkpoint(self, filepath: Any) -> None:
         if self.is_global_zero:
             remove(filepath)
 
+    @override
     def configure_ddp(self) -> None:
         # Your logic: Lightning calls this in every process when fitting starts, once the
         # process group exists. Before super().configure_ddp(), self.model is the plain

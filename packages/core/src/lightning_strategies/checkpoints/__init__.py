@@ -9,7 +9,6 @@
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
 """
 
-from lightning_strategies.checkpoints import formats as _formats
 from lightning_strategies.checkpoints.checkpoint_io import (
     check_checkpoint_file,
     check_trainer_checkpoint,
@@ -17,16 +16,13 @@ from lightning_strategies.checkpoints.checkpoint_io import (
     remove_checkpoint_path,
     staged_checkpoint_io_save,
     weights_only_keyword,
-    writes_in_background,
 )
 from lightning_strategies.checkpoints.formats import (
     FILE,
     CheckpointFormat,
     earlier_checkpoint_advice,
     foreign_checkpoint_error,
-    format_named,
     identify,
-    installed_formats,
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.staging import (
@@ -41,21 +37,15 @@ from lightning_strategies.checkpoints.staging import (
 )
 
 __all__ = [
-    "COLOSSALAI",
-    "DCP",
-    "DEEPSPEED",
     "FILE",
     "STAGING_FOLDER",
-    "XLA_FSDP",
     "CheckpointFormat",
     "check_checkpoint_file",
     "check_file",
     "check_trainer_checkpoint",
     "earlier_checkpoint_advice",
     "foreign_checkpoint_error",
-    "format_named",
     "identify",
-    "installed_formats",
     "is_local",
     "load_file",
     "publish",
@@ -68,12 +58,4 @@ __all__ = [
     "staged_save",
     "staging_path",
     "weights_only_keyword",
-    "writes_in_background",
 ]
-
-
-def __getattr__(name: str) -> CheckpointFormat:
-    # DEEPSPEED, DCP, COLOSSALAI, XLA_FSDP: the packages' layouts under their former names (formats.py).
-    if name in _formats._FORMERLY_EXPORTED:
-        return _formats.__getattr__(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

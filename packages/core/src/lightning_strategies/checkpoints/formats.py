@@ -138,21 +138,3 @@ def foreign_checkpoint_error(path: str | Path, strategy: str, here: str) -> Chec
         what = f"{path} is {found.description}"
         fix = f"Resume it with {found.read_by}. To load its weights here: {found.to_full_weights.format(path=path)}."
     return CheckpointError(f"{what}, and {strategy} reads {here}. {fix}")
-
-
-# The names under which core exported each package's layout before the packages described their own.
-# Packages released then compare ``identify``'s answer with them, so each is a stand-in equal (by key) to the
-# installed package's format; looking the real one up here would load every plugin at import time.
-_FORMERLY_EXPORTED = {"DEEPSPEED": "deepspeed", "DCP": "dcp", "COLOSSALAI": "colossalai", "XLA_FSDP": "xla_fsdp"}
-
-
-def format_named(key: str) -> CheckpointFormat | None:
-    """The installed format with ``key``, or None where no installed package describes it."""
-    return next((found for found in installed_formats() if found.key == key), None)
-
-
-def __getattr__(name: str) -> CheckpointFormat:
-    if name in _FORMERLY_EXPORTED:
-        key = _FORMERLY_EXPORTED[name]
-        return CheckpointFormat(key, f"a {key} checkpoint", f"the package that describes {key} checkpoints", "")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

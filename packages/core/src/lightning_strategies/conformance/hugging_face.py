@@ -24,25 +24,21 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from typing_extensions import override
 
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 
 __all__ = [
-    "CAUSAL",
     "EVERY_CASE",
     "FAMILIES",
     "MODES",
     "Case",
-    "HuggingFaceModule",
-    "SeedExampleModule",
-    "TransformersModule",
     "check_fabric_results",
     "check_results",
     "data",
     "eager_model",
     "initialisation_problems",
     "launch",
-    "logits_of",
     "tiny_config",
     "write_pretrained",
 ]
@@ -195,30 +191,37 @@ class TransformersModule(LightningModule):
             model = peft.get_peft_model(model, settings)
         self.model = model
 
+    @override
     def forward(self, batch: list[torch.Tensor]) -> Any:
         if self.case.family == "bert":
             return self.model(input_ids=batch[0], labels=batch[1] if len(batch) > 1 else None)
         return self.model(input_ids=batch[0], labels=batch[0])
 
+    @override
     def training_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
         loss = self(batch).loss
         self.losses.append(float(loss.detach()))
         return loss
 
+    @override
     def predict_step(self, batch: list[torch.Tensor], batch_index: int) -> torch.Tensor:
         return self(batch).logits.float().cpu()
 
     # Saved while fitting (a ZeRO-3 model set up for predict has no engine to save with): the weights as set up,
     # before any step (initialised from a config, or read from a checkpoint), and as trained.
+    @override
     def on_train_start(self) -> None:
         self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "initial.ckpt")
 
+    @override
     def on_train_end(self) -> None:
         self.trainer.save_checkpoint(Path(self.trainer.default_root_dir) / "last.ckpt")
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return _make_optimizer(self.optimizer_name, self, self.learning_rate)
 
+    @override
     def train_dataloader(self) -> DataLoader:
         dataset = data(self.case.family, 256, seed=0)
         # Each rank its own part of the data; the Trainer's distributed sampler is off for predict (below).
@@ -227,6 +230,7 @@ class TransformersModule(LightningModule):
         )
         return DataLoader(dataset, batch_size=8, sampler=sampler)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(data(self.case.family, 16, seed=1), batch_size=16)  # every rank the same batch
 
@@ -234,6 +238,7 @@ class TransformersModule(LightningModule):
 class HuggingFaceModule(TransformersModule):
     """The model built in ``configure_model``, as Lightning 2 asks."""
 
+    @override
     def configure_model(self) -> None:
         self.build()
 
@@ -265,6 +270,7 @@ class SeedExampleModule(TransformersModule):
     """The ColossalAI strategy's API page as written: the model built in ``configure_sharded_model``, the hook
     Lightning 2.6 still calls (with a deprecation warning) where ``configure_model`` is not overridden."""
 
+    @override
     def configure_sharded_model(self) -> None:
         self.build()
 

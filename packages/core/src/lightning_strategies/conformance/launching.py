@@ -12,10 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-__all__ = [
-    "RENDEZVOUS_VARIABLES",
-    "fresh_launch_environment",
-]
+__all__ = ["fresh_launch_environment"]
 
 # Set by Lightning's launchers and torchrun for one run; never meaningful to a new group of ranks.
 RENDEZVOUS_VARIABLES = (

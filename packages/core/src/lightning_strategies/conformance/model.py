@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
 
 from lightning_strategies.entries import import_target
 
@@ -39,6 +40,7 @@ class ConformanceModel(LightningModule):
         self.train_losses: list[float] = []
         self.stages_run: set[str] = set()
 
+    @override
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.layers(inputs)
 
@@ -46,24 +48,29 @@ class ConformanceModel(LightningModule):
         inputs, targets = batch
         return torch.nn.functional.mse_loss(self(inputs).float(), targets.float())
 
+    @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
         self.train_losses.append(float(loss.detach()))
         self.stages_run.add("fit")
         return loss
 
+    @override
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self.stages_run.add("validate")
         self.log("val_loss", self._loss(batch), sync_dist=True)
 
+    @override
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self.stages_run.add("test")
         self.log("test_loss", self._loss(batch), sync_dist=True)
 
+    @override
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.stages_run.add("predict")
         return self(batch[0]).float()
 
+    @override
     def configure_optimizers(self) -> Any:
         optimizer_class = import_target(self.optimizer_target)
         return optimizer_class(self.parameters(), lr=self.learning_rate)

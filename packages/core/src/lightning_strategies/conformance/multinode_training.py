@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from typing_extensions import override
 
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.suite import first_optimizer, quiet_lightning, registered_entry
@@ -85,6 +86,7 @@ class Recorder(Callback):
         self.requeue_at_step = requeue_at_step
         self.facts: dict[str, Any] = {}
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         environment = getattr(trainer.strategy, "cluster_environment", None)  # single-device strategies have none
         ranks = ("global_rank", "local_rank", "node_rank", "world_size", "num_nodes")
@@ -92,6 +94,7 @@ class Recorder(Callback):
         self.facts.update(cluster_environment=type(environment).__name__, start_step=trainer.global_step)
         save_weights(trainer, self.report / "weights.start.pt")
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         if self.requeue_at_step is None or trainer.global_step != self.requeue_at_step:
             return

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
+from typing_extensions import override
 
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.reliability import CHECKPOINTS, FAILED_AT
@@ -50,6 +51,7 @@ def announce(trainer: Trainer, event: str) -> None:
 class AnnouncedCheckpoint(ModelCheckpoint):
     """ModelCheckpoint that says when each save starts and ends."""
 
+    @override
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         name = Path(filepath).name
         announce(trainer, f"save-begin {name} epoch={trainer.current_epoch}")
@@ -58,6 +60,7 @@ class AnnouncedCheckpoint(ModelCheckpoint):
 
 
 class Events(Callback):
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         announce(trainer, f"resumed epoch={trainer.current_epoch}")
 
@@ -71,6 +74,7 @@ class ScenarioModel(ConformanceModel):
         self.register_buffer("ballast", torch.zeros(8 * 1024 * 1024))
         self.failure, self.workdir = failure, workdir
 
+    @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         failure = self.failure
         if failure and self.global_rank == failure.fail_rank and self.global_step == failure.fail_step:

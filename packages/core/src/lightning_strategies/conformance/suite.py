@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer, seed_everything
+from typing_extensions import override
 
 from lightning_strategies.conformance.model import SAMPLES, ConformanceModel, loader
 from lightning_strategies.conformance.tolerances import tolerance_for
@@ -96,6 +97,7 @@ class _CollectiveProbe(Callback):
     def __init__(self) -> None:
         self.results: list[CheckResult] = []
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         strategy = trainer.strategy
         world, rank = trainer.world_size, trainer.global_rank

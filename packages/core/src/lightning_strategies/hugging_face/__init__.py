@@ -11,13 +11,12 @@ Importing this package imports neither torch nor ``transformers``.
 
 from lightning_strategies.hugging_face.export import export, record_models, recorded_models
 from lightning_strategies.hugging_face.initialization import initialize, lora_layers, move_buffers
-from lightning_strategies.hugging_face.models import hugging_face_models, is_hugging_face_model, transformers_installed
+from lightning_strategies.hugging_face.models import hugging_face_models
 from lightning_strategies.hugging_face.pretrained import (
     PretrainedWeights,
     deferred_pretrained_loading,
     load_pending,
     models_initialized_later,
-    pending_weights,
     pretrained_tensors,
 )
 
@@ -27,14 +26,11 @@ __all__ = [
     "export",
     "hugging_face_models",
     "initialize",
-    "is_hugging_face_model",
     "load_pending",
     "lora_layers",
     "models_initialized_later",
     "move_buffers",
-    "pending_weights",
     "pretrained_tensors",
     "record_models",
     "recorded_models",
-    "transformers_installed",
 ]
