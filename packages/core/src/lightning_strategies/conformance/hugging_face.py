@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -462,14 +463,8 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
     strategy whose master weights are made from 16-bit copies, DeepSpeed's in bf16, rounds them to 2**-8, Gemini's
     in fp16 to 2**-11 and the smallest to fp16's subnormal step).
     """
-    results = {result["case"]["family"] + "-" + result["case"]["mode"]: result for result in _read(folder)}
     report: dict[str, list[str]] = {}
-    for case in cases:
-        result = results.get(case.name)
-        problems: list[str] = report.setdefault(case.name, [])
-        if result is None or "error" in result:
-            problems.append(f"did not run: {(result and result.get('traceback')) or 'no result'}")
-            continue
+    for case, result, problems in _cases_that_ran(folder, cases, report):
         losses = result["losses"]
         logits = torch.load(folder / case.name / "logits.pt", weights_only=True)
         pretrained = None if case.mode == "config" else folder / "pretrained" / case.family
@@ -496,8 +491,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
             if not torch.allclose(logits["before"], reference_logits, atol=atol):
                 difference = (logits["before"] - reference_logits).abs().max().item()
                 problems.append(f"predictions before training differ from transformers' by {difference:.2e}")
-        if not min(losses[-4:]) < losses[0] - 0.1:
-            problems.append(f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}")
+        problems += _learning_problems(losses)
         if case.family == "bert":  # the classifier answers held-out sequences, where chance is one in two
             labels = data("bert", 16, seed=1).tensors[1]
             accuracy = (logits["after"].argmax(-1) == labels).float().mean().item()
@@ -512,20 +506,34 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
 def check_fabric_results(folder: Path, cases: list[Case], atol: float = 1e-4) -> dict[str, list[str]]:
     """Each Fabric case's failures (``run_fabric``): training lowers the loss, and the folder exported from
     ``fabric.save``'s checkpoint loads with ``from_pretrained`` and predicts what the trained model predicted."""
-    results = {result["case"]["family"] + "-" + result["case"]["mode"]: result for result in _read(folder)}
     report: dict[str, list[str]] = {}
-    for case in cases:
-        result = results.get(case.name)
-        problems: list[str] = report.setdefault(case.name, [])
-        if result is None or "error" in result:
-            problems.append(f"did not run: {(result and result.get('traceback')) or 'no result'}")
-            continue
+    for case, result, problems in _cases_that_ran(folder, cases, report):
         losses = result["losses"]
-        if not min(losses[-4:]) < losses[0] - 0.1:
-            problems.append(f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}")
+        problems += _learning_problems(losses)
         after = torch.load(folder / case.name / "logits.pt", weights_only=True)["after"]
         problems += _export_problems(folder, case, after, atol)
     return report
+
+
+def _cases_that_ran(
+    folder: Path, cases: list[Case], report: dict[str, list[str]]
+) -> Iterator[tuple[Case, dict[str, Any], list[str]]]:
+    """Each case with its result and the list its problems go to in ``report``; a case that did not run is reported
+    as such and skipped."""
+    results = {result["case"]["family"] + "-" + result["case"]["mode"]: result for result in _read(folder)}
+    for case in cases:
+        result = results.get(case.name)
+        problems = report.setdefault(case.name, [])
+        if result is None or "error" in result:
+            problems.append(f"did not run: {(result and result.get('traceback')) or 'no result'}")
+            continue
+        yield case, result, problems
+
+
+def _learning_problems(losses: list[float]) -> list[str]:
+    if min(losses[-4:]) < losses[0] - 0.1:
+        return []
+    return [f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}"]
 
 
 def _export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float) -> list[str]:
