@@ -325,20 +325,24 @@ def convert_to_universal(checkpoint: str | os.PathLike, output_dir: str | os.Pat
     universal_tag = location.tag + UNIVERSAL_SUFFIX
     with staged_save(output_dir) as staged:
         staged.mkdir()
-        command = [
-            sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder", str(location.tag_folder),
-            "--output_folder", str(staged / universal_tag),
-            "--num_extract_workers", "1", "--num_merge_workers", "1",
-        ]  # fmt: skip
-        environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
-        result = subprocess.run(command, capture_output=True, text=True, env=environment)
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}"
-            )
+        write_universal(location.tag_folder, staged / universal_tag, checkpoint)
         staged.joinpath("latest_universal").write_text(universal_tag)
     return output_dir
+
+
+def write_universal(tag_folder: Path, output_tag_folder: Path, checkpoint: str | os.PathLike, workers: int = 1) -> None:
+    """Run DeepSpeed's ds_to_universal on ``tag_folder`` into ``output_tag_folder``, in a process of its own."""
+    count = str(max(1, workers))
+    command = [
+        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder", str(tag_folder),
+        "--output_folder", str(output_tag_folder),
+        "--num_extract_workers", count, "--num_merge_workers", count,
+    ]  # fmt: skip
+    environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode != 0:
+        raise RuntimeError(f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}")
 
 
 def load_into_partitioned_module(module: Any, state_dict: dict[str, Any], strict: bool, is_global_zero: bool) -> None:
