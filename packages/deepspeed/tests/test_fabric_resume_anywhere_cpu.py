@@ -1,6 +1,6 @@
-"""Issue 29, item 1 with Fabric: fabric.load of a ZeRO checkpoint saved on 2 processes, on 1 process, continues
-the uninterrupted 2-process run (fabric_resume_script.py; the same conversion as the Trainer's, see
-test_resume_anywhere_cpu.py)."""
+"""Issue 29, item 1 with Fabric: fabric.load of a ZeRO-1, -2 or -3 checkpoint saved on 2 processes, on 1
+process, continues the uninterrupted 2-process run (fabric_resume_script.py; the same conversion as the
+Trainer's, see test_resume_anywhere_cpu.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import HERE, clean_environment
 
-NAMES = ["deepspeed_stage_2", "deepspeed_stage_3"]
+NAMES = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
 STEPS = 3
 TOLERANCE = 1e-6
 

@@ -20,6 +20,7 @@ re-save into the directory replaces the directory, universal form included.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -115,11 +116,20 @@ def _convert_once(location: checkpoints.CheckpointLocation, target: Path, worker
             )
     _check_adam_state(location, source["world_size"])
     universal_tag = location.tag + checkpoints.UNIVERSAL_SUFFIX
-    with staged_save(target) as staged:
-        staged.mkdir(parents=True)
-        checkpoints.write_universal(location.tag_folder, staged / universal_tag, location.directory, workers)
-        staged.joinpath("latest_universal").write_text(universal_tag)
-        staged.joinpath(SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True))
+    try:
+        with staged_save(target) as staged:
+            staged.mkdir(parents=True)
+            checkpoints.write_universal(location.tag_folder, staged / universal_tag, location.directory, workers)
+            staged.joinpath("latest_universal").write_text(universal_tag)
+            staged.joinpath(SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True))
+    except (PermissionError, OSError) as error:
+        if isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES):
+            raise _Unconvertible(
+                f"its universal form is kept inside the checkpoint folder, which cannot be written here ({error}). "
+                "Convert it by hand into a folder you can write: `python -m lightning_strategies_deepspeed.convert "
+                f"--universal {location.directory} OUTPUT`, and resume from OUTPUT."
+            ) from error
+        raise
     return (
         f"Converted {location.directory} (saved on {source['world_size']} {processes}) to DeepSpeed's universal "
         f"layout at {target}, to resume on another number of processes; later resumes reuse it."
