@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 
 import pytest
 import torch
 from conftest import assert_weights_close, succeeded, train_together
 
-from lightning_strategies_deepspeed.universal import SOURCE
+from lightning_strategies import CheckpointError
+from lightning_strategies_deepspeed.checkpoint import locate
+from lightning_strategies_deepspeed.universal import SOURCE, _convert_once, converted_path
 
 STEPS = 4
 RUN = {"max_epochs": 1, "batches": 4, "optimizer": "adam", "scheduler": True}
@@ -128,3 +131,22 @@ def test_a_checkpoint_that_cannot_be_converted_is_refused_and_left_as_saved(one_
     assert _digests(copy / "checkpoint") == digests
     assert not (copy / "checkpoint-universal").exists()
     assert sorted(path.name for path in copy.iterdir()) == names  # staging removed
+
+
+def test_a_checkpoint_saved_again_is_converted_again_and_a_foreign_folder_is_left(one_process, folder, tmp_path):
+    succeeded(one_process, "resumed-deepspeed_stage_2")
+    copy = tmp_path / "copy.ckpt"
+    shutil.copytree(folder / "deepspeed_stage_2.ckpt", copy)  # modification times kept
+    location = locate(copy)
+    target = converted_path(location)
+    assert "converted on an earlier resume" in _convert_once(location, target, workers=1)
+    optimizer_file = next((copy / "checkpoint").glob("*rank_1_*optim_states.pt"))
+    saved_again = optimizer_file.stat().st_mtime_ns + 10**9
+    os.utime(optimizer_file, ns=(saved_again, saved_again))  # as a save under the same name would leave it
+    assert _convert_once(location, target, workers=1).startswith(f"Converted {copy}")
+    assert json.loads((target / SOURCE).read_text())["files"][optimizer_file.name][1] == saved_again
+    assert not (copy / ".lightning-strategies-staging").exists()
+    (target / SOURCE).unlink()  # now a folder this conversion did not write: refused, left as it is
+    with pytest.raises(CheckpointError, match="not written by this conversion"):
+        _convert_once(location, target, workers=1)
+    assert (target / "latest_universal").is_file()
