@@ -13,13 +13,14 @@ import hashlib
 import json
 import os
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import assert_weights_close, succeeded, train_together
 
 from lightning_strategies import CheckpointError
-from lightning_strategies_deepspeed.checkpoint import locate
+from lightning_strategies_deepspeed.checkpoint import CheckpointLocation, load_into_engine, locate
 from lightning_strategies_deepspeed.universal import SOURCE, _convert_once, converted_path
 
 STEPS = 4
@@ -150,3 +151,18 @@ def test_a_checkpoint_saved_again_is_converted_again_and_a_foreign_folder_is_lef
     with pytest.raises(CheckpointError, match="not written by this conversion"):
         _convert_once(location, target, workers=1)
     assert (target / "latest_universal").is_file()
+
+
+def test_universal_loading_is_set_for_that_load_alone(tmp_path):
+    """A later load on the same engine (validate after a resume converted on the fly) reads its own layout."""
+    seen = []
+
+    def load_checkpoint(directory, **_):
+        seen.append(engine._config.load_universal_checkpoint)
+        return None, {"epoch": 1}
+
+    engine = SimpleNamespace(_config=SimpleNamespace(load_universal_checkpoint=False), load_checkpoint=load_checkpoint)
+    engine.checkpoint_engine = None
+    location = CheckpointLocation(tmp_path, "checkpoint_universal", universal=True)
+    assert load_into_engine(engine, location, None, 1, True, None, True) == {"epoch": 1}
+    assert seen == [True] and engine._config.load_universal_checkpoint is False

@@ -167,19 +167,25 @@ def load_into_engine(
     strict: bool,
 ) -> dict[str, Any]:
     """Have the engine load the checkpoint (on every rank); return the client state saved with it."""
+    loads_universal = engine._config.load_universal_checkpoint
     if location.universal:
-        engine._config.load_universal_checkpoint = True  # read by engine.load_checkpoint
+        # Read by engine.load_checkpoint only; set for this load alone, so that a later load on the same engine
+        # (validate after a resume converted on the fly) reads its own checkpoint's layout.
+        engine._config.load_universal_checkpoint = True
     else:  # a universal checkpoint loads on any number of processes
         engine_layout = compatibility.EngineLayout.of(engine, world_size)
         compatibility.check_fits(location.directory, layout, engine_layout, load_optimizer_states)
-    with checked_reads(engine, weights_only):
-        _, client_state = engine.load_checkpoint(
-            str(location.directory),
-            tag=location.tag,
-            load_optimizer_states=load_optimizer_states,
-            load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
-            load_module_strict=strict,
-        )
+    try:
+        with checked_reads(engine, weights_only):
+            _, client_state = engine.load_checkpoint(
+                str(location.directory),
+                tag=location.tag,
+                load_optimizer_states=load_optimizer_states,
+                load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
+                load_module_strict=strict,
+            )
+    finally:
+        engine._config.load_universal_checkpoint = loads_universal
     if client_state is None:
         raise CheckpointNotLoadedError(
             f"{_UNABLE_TO_LOAD}It found nothing to load in {location.tag_folder}. Pass the directory the strategy "
