@@ -62,13 +62,19 @@ def test_a_save_failing_half_way_keeps_the_previous_checkpoint(interrupted, tmp_
     assert_weights_close(resumed["weights"], reference_weights(2 * STEPS_PER_EPOCH, batches=STEPS_PER_EPOCH))
 
 
-def test_resuming_on_another_number_of_processes_names_both_and_the_fixes(interrupted, tmp_path):
-    result = run_training(tmp_path / "result.pt", "deepspeed_stage_2", **RUN, devices=1, resume=interrupted[1])
+def test_resuming_on_another_number_of_processes_names_both_and_the_fixes(saved, tmp_path):
+    """A ZeRO checkpoint resumes on another number of processes through DeepSpeed's universal layout
+    (test_resume_anywhere_cpu.py), which carries Adam-type optimizer state only: this one's SGD is refused, before
+    any conversion, with the saved number of processes and the route through its weights."""
+    saved_files = sorted(path.name for path in saved.iterdir())
+    result = run_training(tmp_path / "result.pt", "deepspeed_stage_2", **RUN, devices=1, resume=saved)
     assert result.returncode != 0
     assert "CheckpointError" in result.stderr and "ZeRORuntimeException" not in result.stderr
     message = result.stderr[result.stderr.index("CheckpointError") :]
-    assert "on 2 processes" in message and "this run has 1 process:" in message
-    assert "Resume on 2 processes" in message and "convert --universal" in message
+    assert "on 2 processes" in message and "this run has 1 process," in message
+    assert "Adam-type optimizer state only" in message and "What was saved is unchanged" in message
+    assert "Resume on 2 processes" in message and "load_full_weights=True" in message
+    assert sorted(path.name for path in saved.iterdir()) == saved_files  # nothing converted, nothing staged
 
 
 def _truncate(path):
@@ -153,7 +159,6 @@ def test_a_checkpoint_split_another_way_is_refused_before_deepspeed_reads_it(sav
     stage_2 = EngineLayout(world_size=2, stage=2, partitioned_parameters=False, partitioned_optimizer=True)
     check_fits(saved, layout, stage_2, restores_optimizer=True)  # the run that saved it
     refusals = [
-        (EngineLayout(1, 2, False, True), r"stage 2 on 2 processes.*this run has 1 process.*Resume on 2.*--universal"),
         (EngineLayout(2, 3, True, True), r"this run uses ZeRO stage 3.*Resume with ZeRO stage 2.*load_full_weights"),
         (EngineLayout(2, 0, False, False), r"keeps the optimizer state whole.*Resume with the ZeRO settings it was"),
     ]

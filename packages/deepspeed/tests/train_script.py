@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import traceback
@@ -33,11 +34,13 @@ class Regression(LightningModule):
         self.optimizer_steps = 0
         self.backward_calls = 0
         self.loaded_mp_world_size = None
+        self.losses: list[float] = []
 
     def training_step(self, batch, batch_idx):
         inputs, targets = batch
         loss = torch.nn.functional.mse_loss(self.net(inputs).float(), targets.float())
         self.log("train_loss", loss)
+        self.losses.append(loss.item())
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -181,9 +184,11 @@ def train(arguments: argparse.Namespace) -> None:
         use_distributed_sampler=False,  # every rank sees the same batches: results comparable across world sizes
     )
     loader = data(arguments.batch_size, arguments.batches)
+    messages = _InfoMessages()
     if arguments.load_each:
         return _load_each(trainer, model, loader, json.loads(arguments.load_each), Path(arguments.out))
-    trainer.fit(model, loader, loader if arguments.validate else None, ckpt_path=arguments.resume)
+    with messages:
+        trainer.fit(model, loader, loader if arguments.validate else None, ckpt_path=arguments.resume)
     weights = full_weights(trainer.strategy, model)
     if trainer.is_global_zero:
         result = {
@@ -198,6 +203,8 @@ def train(arguments: argparse.Namespace) -> None:
             "before_run": before,
             "learning_rate": trainer.optimizers[0].param_groups[0]["lr"],
             "loaded_mp_world_size": model.loaded_mp_world_size,
+            "losses": model.losses,
+            "info_messages": messages.messages,
         }
         torch.save(result, Path(arguments.out))
 
@@ -226,6 +233,34 @@ def _load_each(trainer: Trainer, model: Regression, loader: DataLoader, checkpoi
         weights.append(full_weights(trainer.strategy, model))
     if trainer.is_global_zero:
         torch.save({"weights_after": weights}, out)
+
+
+class _InfoMessages(logging.Handler):
+    """The lines Lightning's loggers (rank_zero_info's among them) log while fit runs."""
+
+    # rank_zero_info logs under one of these, whichever Lightning imported last; neither propagates.
+    NAMES = ("lightning.pytorch", "lightning.fabric")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        self._levels: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self) -> _InfoMessages:
+        for name in self.NAMES:
+            logger = logging.getLogger(name)
+            self._levels[name] = logger.level
+            logger.addHandler(self)
+            logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).removeHandler(self)
+            logging.getLogger(name).setLevel(level)
 
 
 def _epoch_end_checkpoint(path: str):

@@ -167,19 +167,25 @@ def load_into_engine(
     strict: bool,
 ) -> dict[str, Any]:
     """Have the engine load the checkpoint (on every rank); return the client state saved with it."""
+    loads_universal = engine._config.load_universal_checkpoint
     if location.universal:
-        engine._config.load_universal_checkpoint = True  # read by engine.load_checkpoint
+        # Read by engine.load_checkpoint only; set for this load alone, so that a later load on the same engine
+        # (validate after a resume converted on the fly) reads its own checkpoint's layout.
+        engine._config.load_universal_checkpoint = True
     else:  # a universal checkpoint loads on any number of processes
         engine_layout = compatibility.EngineLayout.of(engine, world_size)
         compatibility.check_fits(location.directory, layout, engine_layout, load_optimizer_states)
-    with checked_reads(engine, weights_only):
-        _, client_state = engine.load_checkpoint(
-            str(location.directory),
-            tag=location.tag,
-            load_optimizer_states=load_optimizer_states,
-            load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
-            load_module_strict=strict,
-        )
+    try:
+        with checked_reads(engine, weights_only):
+            _, client_state = engine.load_checkpoint(
+                str(location.directory),
+                tag=location.tag,
+                load_optimizer_states=load_optimizer_states,
+                load_lr_scheduler_states=False,  # Lightning restores its schedulers from the client state
+                load_module_strict=strict,
+            )
+    finally:
+        engine._config.load_universal_checkpoint = loads_universal
     if client_state is None:
         raise CheckpointNotLoadedError(
             f"{_UNABLE_TO_LOAD}It found nothing to load in {location.tag_folder}. Pass the directory the strategy "
@@ -325,20 +331,24 @@ def convert_to_universal(checkpoint: str | os.PathLike, output_dir: str | os.Pat
     universal_tag = location.tag + UNIVERSAL_SUFFIX
     with staged_save(output_dir) as staged:
         staged.mkdir()
-        command = [
-            sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder", str(location.tag_folder),
-            "--output_folder", str(staged / universal_tag),
-            "--num_extract_workers", "1", "--num_merge_workers", "1",
-        ]  # fmt: skip
-        environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
-        result = subprocess.run(command, capture_output=True, text=True, env=environment)
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}"
-            )
+        write_universal(location.tag_folder, staged / universal_tag, checkpoint)
         staged.joinpath("latest_universal").write_text(universal_tag)
     return output_dir
+
+
+def write_universal(tag_folder: Path, output_tag_folder: Path, checkpoint: str | os.PathLike, workers: int = 1) -> None:
+    """Run DeepSpeed's ds_to_universal on ``tag_folder`` into ``output_tag_folder``, in a process of its own."""
+    count = str(max(1, workers))
+    command = [
+        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder", str(tag_folder),
+        "--output_folder", str(output_tag_folder),
+        "--num_extract_workers", count, "--num_merge_workers", count,
+    ]  # fmt: skip
+    environment = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
+    if result.returncode != 0:
+        raise RuntimeError(f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}")
 
 
 def load_into_partitioned_module(module: Any, state_dict: dict[str, Any], strict: bool, is_global_zero: bool) -> None:

@@ -98,7 +98,8 @@ def check_complete(directory: Path, tag: str, layout: SavedLayout) -> None:
 
 
 def check_fits(directory: Path, layout: SavedLayout, engine: EngineLayout, restores_optimizer: bool) -> None:
-    """Refuse a checkpoint that this run's engine cannot load, before DeepSpeed fails on it."""
+    """Refuse a checkpoint that this run's engine cannot load, before DeepSpeed fails on it. Another number of
+    processes is not refused here: the strategies convert such a checkpoint to the universal layout first."""
     weights_route = (
         f"or start from its weights alone: `{_CONVERT} {directory} weights.ckpt`, then "
         "DeepSpeedStrategy(load_full_weights=True) with ckpt_path='weights.ckpt' (the optimizer starts afresh)"
@@ -119,15 +120,6 @@ def check_fits(directory: Path, layout: SavedLayout, engine: EngineLayout, resto
             f"The DeepSpeed checkpoint {directory} was saved {layout.describe()}, and this run {here} (ZeRO stage "
             f"{engine.stage}): DeepSpeed cannot restore one from the other. Resume with the ZeRO settings it was "
             f"saved with, {weights_route}."
-        )
-    if layout.optimizer_ranks and layout.world_size != engine.world_size:
-        raise CheckpointError(
-            f"The DeepSpeed checkpoint {directory} was saved {layout.describe()}, and this run has "
-            f"{engine.world_size} process{'es' if engine.world_size != 1 else ''}: DeepSpeed cannot split the "
-            f"saved optimizer state another way. Resume on {layout.world_size} processes (devices x num_nodes), "
-            f"or convert it to a universal checkpoint, which resumes on any number: "
-            f"`{_CONVERT} --universal {directory} {directory}-universal` and ckpt_path='{directory}-universal'; "
-            f"{weights_route}."
         )
 
 

@@ -29,6 +29,7 @@ from lightning_strategies.checkpoints import weights_only_keyword
 from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import universal
 from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
 
 
@@ -239,6 +240,7 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         wants_optimizer = any(
             isinstance(value, Optimizer) or _is_deepspeed_optimizer(value) for value in state.values()
         )
+        location, layout = universal.resume_anywhere(self, location, layout, wants_optimizer, weights_only)
         client_state = checkpoints.load_into_engine(
             engine, location, layout, self.world_size,
             load_optimizer_states=wants_optimizer, weights_only=weights_only, strict=strict,

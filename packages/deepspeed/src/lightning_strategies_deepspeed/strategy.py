@@ -34,6 +34,7 @@ from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed import universal
 from lightning_strategies_deepspeed.backend import import_deepspeed
 from lightning_strategies_deepspeed.body import DeepSpeedBody, check_full_weights_path
 from lightning_strategies_deepspeed.precision import DeepSpeedPrecision
@@ -292,12 +293,14 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             # checkpoint to go to: merge the shards and load the full weights instead.
             self._full_weights_pending = True
             return checkpoints.convert_zero_checkpoint(location.tag_folder, weights_only=weights_only)
+        restores_optimizer = fitting and self.model.optimizer is not None
+        location, layout = universal.resume_anywhere(self, location, layout, restores_optimizer, weights_only)
         return checkpoints.load_into_engine(
             self.model,
             location,
             layout,
             self.world_size,
-            load_optimizer_states=fitting and self.model.optimizer is not None,
+            load_optimizer_states=restores_optimizer,
             weights_only=weights_only,
             strict=self.lightning_module.strict_loading,
         )

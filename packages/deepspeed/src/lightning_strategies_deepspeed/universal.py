@@ -1,0 +1,193 @@
+"""Resuming a ZeRO checkpoint on another number of processes, by ``ckpt_path`` alone (issue 29, item 1).
+
+A ZeRO checkpoint splits the optimizer state (and, at stage 3, the parameters) by the number of
+processes that saved it; DeepSpeed restores it on that number only. Met with another number, the
+checkpoint is converted once into DeepSpeed's universal layout, which DeepSpeed loads on any number,
+and the universal form is kept inside the checkpoint directory, beside its tag folder::
+
+    epoch=0.ckpt/latest
+    epoch=0.ckpt/checkpoint/                  what was saved, never written to
+    epoch=0.ckpt/checkpoint-universal/        latest_universal, checkpoint_universal/, source.json
+
+Global rank 0 converts (DeepSpeed's ds_to_universal, in a process of its own, with one worker per
+process of this machine: the other ranks wait meanwhile, so their cores are free) while the other ranks
+wait for its answer in a broadcast. It writes into a hidden staging folder and renames it into place
+once whole, so a conversion killed or failed half way leaves nothing under the name. ``source.json``
+records the size and modification time of every saved file: the next resume on any number of processes
+reuses the universal form while it matches, and converts again when the checkpoint was replaced. A
+re-save into the directory replaces the directory, universal form included.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.fabric.utilities.rank_zero import rank_zero_info
+
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import staged_save
+from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import compatibility
+
+CONVERTED_SUFFIX = "-universal"
+SOURCE = "source.json"
+
+
+def needs_conversion(
+    location: checkpoints.CheckpointLocation,
+    layout: compatibility.SavedLayout,
+    world_size: int,
+    restores_optimizer: bool,
+) -> bool:
+    """A ZeRO checkpoint whose partitioned optimizer state was saved by another number of processes."""
+    partitioned = bool(layout.optimizer_ranks)
+    return restores_optimizer and partitioned and not location.universal and layout.world_size != world_size
+
+
+def converted_path(location: checkpoints.CheckpointLocation) -> Path:
+    """Where the universal form of the checkpoint at ``location`` is kept."""
+    return location.directory / f"{location.tag}{CONVERTED_SUFFIX}"
+
+
+def resume_anywhere(
+    strategy: Any,
+    location: checkpoints.CheckpointLocation,
+    layout: compatibility.SavedLayout,
+    restores_optimizer: bool,
+    weights_only: bool | None,
+) -> tuple[checkpoints.CheckpointLocation, compatibility.SavedLayout]:
+    """The checkpoint to load on this run's processes: ``location`` itself, or its universal form (made on rank 0
+    if not made yet) where it was saved by another number of processes. Called on every rank together."""
+    world_size = int(strategy.world_size)
+    if not needs_conversion(location, layout, world_size, restores_optimizer):
+        return location, layout
+    target = converted_path(location)
+    answer: tuple[str | None, str] = (None, "")
+    if strategy.is_global_zero:
+        saved = (
+            f"The DeepSpeed checkpoint {location.directory} was saved {layout.describe()}; this run has {world_size} "
+            f"process{'es' if world_size != 1 else ''}, so it is converted to DeepSpeed's universal layout before "
+            "loading"
+        )
+        try:
+            workers = min(os.cpu_count() or 1, max(1, int(getattr(strategy, "num_processes", 1) or 1)))
+            answer = (None, _convert_once(location, target, workers))
+        except _Unconvertible as error:
+            answer = (f"{saved}, which cannot be done: {error} What was saved is unchanged.", "")
+        except Exception as error:  # every rank raises it, rather than the others waiting for rank 0 forever
+            answer = (
+                f"{saved}, and the conversion failed. What was saved is unchanged. Resume on {layout.world_size} "
+                f"processes, or copy the checkpoint again from where it was written.\n{type(error).__name__}: {error}",
+                "",
+            )
+    failure, done = strategy.broadcast(answer)
+    if failure is not None:
+        raise CheckpointError(failure)
+    if not target.joinpath("latest_universal").is_file():
+        raise CheckpointError(
+            f"Rank 0 wrote the universal form of {location.directory} at {target}, but this process does not see it "
+            "there: every node must see the checkpoint on one shared file system. Convert it by hand where each node "
+            f"sees it (`python -m lightning_strategies_deepspeed.convert --universal {location.directory} OUTPUT`) "
+            "and resume from OUTPUT."
+        )
+    rank_zero_info(done)
+    return checkpoints.inspect(target, weights_only)
+
+
+def _convert_once(location: checkpoints.CheckpointLocation, target: Path, workers: int) -> str:
+    """Write (or find) the universal form at ``target``; return the line saying which."""
+    source = _fingerprint(location)
+    processes = "process" if source["world_size"] == 1 else "processes"
+    if target.exists():
+        recorded = _recorded_source(target)
+        if recorded is None:
+            raise CheckpointError(
+                f"{target} exists and was not written by this conversion; it is left as it is. Move it away to "
+                "resume here, or convert by hand into another folder."
+            )
+        if recorded == source:
+            return (
+                f"Resuming {location.directory} (saved on {source['world_size']} {processes}) from its universal "
+                f"form {target}, converted on an earlier resume."
+            )
+    _check_adam_state(location, source["world_size"])
+    universal_tag = location.tag + checkpoints.UNIVERSAL_SUFFIX
+    try:
+        with staged_save(target) as staged:
+            staged.mkdir(parents=True)
+            checkpoints.write_universal(location.tag_folder, staged / universal_tag, location.directory, workers)
+            staged.joinpath("latest_universal").write_text(universal_tag)
+            staged.joinpath(SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True))
+    except (PermissionError, OSError) as error:
+        if isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES):
+            raise _Unconvertible(
+                f"its universal form is kept inside the checkpoint folder, which cannot be written here ({error}). "
+                "Convert it by hand into a folder you can write: `python -m lightning_strategies_deepspeed.convert "
+                f"--universal {location.directory} OUTPUT`, and resume from OUTPUT."
+            ) from error
+        raise
+    return (
+        f"Converted {location.directory} (saved on {source['world_size']} {processes}) to DeepSpeed's universal "
+        f"layout at {target}, to resume on another number of processes; later resumes reuse it."
+    )
+
+
+class _Unconvertible(CheckpointError):
+    """A checkpoint DeepSpeed's universal conversion cannot take, known before running it."""
+
+
+_ADAM_STATE = ("exp_avg", "exp_avg_sq")
+
+
+def _check_adam_state(location: checkpoints.CheckpointLocation, saved_world_size: int) -> None:
+    """DeepSpeed's ds_to_universal reads ``exp_avg`` and ``exp_avg_sq`` of every parameter group and fails with a
+    KeyError on any other optimizer's state (SGD, Adagrad, ...): refused here with what to do instead."""
+    optimizer_file = next(iter(sorted(location.tag_folder.glob("*zero_pp_rank_0_mp_rank_*optim_states.pt"))), None)
+    if optimizer_file is None:
+        return  # DeepSpeed's own error says what is missing
+    state = checkpoints.read_saved_file(optimizer_file, weights_only=False, mmap=True)
+    if not _holds_keys(state, _ADAM_STATE):
+        raise _Unconvertible(
+            "DeepSpeed's universal layout carries Adam-type optimizer state only (exp_avg and exp_avg_sq of every "
+            f"parameter), and the optimizer saved in {optimizer_file.name} keeps neither (SGD, Adagrad, ...). Resume "
+            f"on {saved_world_size} process{'es' if saved_world_size != 1 else ''} (devices x num_nodes), or start "
+            f"from its weights alone: `python -m lightning_strategies_deepspeed.convert {location.directory} "
+            "weights.ckpt`, then DeepSpeedStrategy(load_full_weights=True) with ckpt_path='weights.ckpt' (the "
+            "optimizer starts afresh)."
+        )
+
+
+def _holds_keys(value: Any, keys: tuple[str, ...], depth: int = 0) -> bool:
+    """Whether a dict nested in ``value`` (DeepSpeed nests the optimizer's own state 3 levels down) has ``keys``."""
+    if depth > 6:
+        return False
+    if isinstance(value, dict):
+        if all(key in value for key in keys):
+            return True
+        return any(_holds_keys(item, keys, depth + 1) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_keys(item, keys, depth + 1) for item in value)
+    return False
+
+
+def _fingerprint(location: checkpoints.CheckpointLocation) -> dict[str, Any]:
+    """What identifies the saved files: a checkpoint saved again under the same name is converted again."""
+    files = {
+        path.name: [path.stat().st_size, path.stat().st_mtime_ns]
+        for path in sorted(location.tag_folder.iterdir())
+        if path.is_file()
+    }
+    layout = compatibility.SavedLayout.of(location.tag_folder, {})
+    return {"tag": location.tag, "files": files, "world_size": max(len(layout.optimizer_ranks), 1)}
+
+
+def _recorded_source(target: Path) -> dict[str, Any] | None:
+    try:
+        recorded = json.loads(target.joinpath(SOURCE).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None

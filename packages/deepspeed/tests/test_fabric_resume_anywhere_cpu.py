@@ -1,0 +1,44 @@
+"""Issue 29, item 1 with Fabric: fabric.load of a ZeRO-1, -2 or -3 checkpoint saved on 2 processes, on 1
+process, continues the uninterrupted 2-process run (fabric_resume_script.py; the same conversion as the
+Trainer's, see test_resume_anywhere_cpu.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import HERE, clean_environment
+
+NAMES = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
+STEPS = 3
+TOLERANCE = 1e-6
+
+
+def _launch(runs):
+    command = [sys.executable, str(HERE / "fabric_resume_script.py"), "--runs", json.dumps(runs)]
+    result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=600)
+    assert result.returncode == 0, result.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fabric-anywhere")
+    spec = {name: {"strategy": name, "checkpoint": str(folder / f"{name}.ckpt")} for name in NAMES}
+    _launch([{**spec[name], "devices": 2, "mode": "save", "out": str(folder / f"{name}-2.json")} for name in NAMES])
+    _launch([{**spec[name], "devices": 1, "mode": "resume", "out": str(folder / f"{name}-1.json")} for name in NAMES])
+    return {
+        name: [json.loads((folder / f"{name}-{devices}.json").read_text()) for devices in (2, 1)] for name in NAMES
+    } | {"folder": folder}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fabric_load_on_another_number_of_processes_continues_the_run(reports, name):
+    uninterrupted, resumed = reports[name]
+    assert resumed["step"] == 2 * STEPS  # the user's state came back
+    assert resumed["engine_steps"] == uninterrupted["engine_steps"]  # DeepSpeed's own count (Fabric leaves it 0)
+    # The resumed model started from other weights: equal losses need the weights, Adam's moments and its step
+    # count (bias correction) restored.
+    assert resumed["losses"] == pytest.approx(uninterrupted["losses"][STEPS:], rel=TOLERANCE, abs=TOLERANCE)
+    assert (reports["folder"] / f"{name}.ckpt" / "checkpoint-universal" / "latest_universal").is_file()
