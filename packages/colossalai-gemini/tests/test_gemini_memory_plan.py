@@ -82,3 +82,11 @@ def test_colossalai_cpu_holds_every_state_and_the_offloaded_gradients_on_the_hos
 def test_every_fitted_constant_points_at_evidence_that_exists():
     repository = Path(__file__).resolve().parents[3]
     assert unfound_evidence(FITTED, repository) == []
+
+
+def test_each_node_holds_its_processes_share_of_the_offload_and_gemini_needs_cuda():
+    workload = Workload.build("70B")
+    one_node = predict_static(workload, 64, Placement(1.0, 1.0))
+    eight_nodes = predict_static(workload, 64, Placement(1.0, 1.0), per_node=8)
+    assert eight_nodes.host_bytes < one_node.host_bytes / 7
+    assert candidates(workload, Machine(gpus=0, gpu_memory_bytes=0, host_memory_bytes=64 * GIB)) == []

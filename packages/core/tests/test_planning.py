@@ -119,7 +119,8 @@ def test_fits_leaves_room_for_the_cuda_context_and_host_headroom():
     assert machine.gpu_budget_bytes < 80 * GIB
     assert not candidate("x", {}, 0, 99 * GIB, machine).fits
     assert not candidate("x", {}, 0, 0, machine, nvme_bytes=1).fits  # no NVMe unless given
-    assert not candidate("x", {}, 0, 0, Machine(0, 0, 100 * GIB)).fits  # no GPU
+    assert not candidate("x", {}, 1, 0, Machine(0, 0, 100 * GIB)).fits  # no GPU for a GPU peak
+    assert candidate("x", {}, 0, 0, Machine(0, 0, 100 * GIB)).fits  # training on the CPU holds none
 
 
 def test_a_plan_that_leaves_little_of_the_gpu_free_advises_expandable_segments(monkeypatch):
@@ -179,8 +180,11 @@ def test_when_nothing_fits_the_plan_says_what_would(add_plugin):
     # 20B x 16 bytes = 298 GiB: neither one 80 GiB GPU nor 100 GiB of host holds it.
     result = plan("20B", micro_batch=1, gpus=1, gpu_memory_gib=80, host_memory_gib=100)
     assert not result.fitting
-    assert any(text.startswith("8 GPUs of this kind (toy_ddp") for text in result.suggestions), result.suggestions
-    with pytest.raises(ValueError, match=r"No installed strategy fits 20\.00B parameters.*What would: .*8 GPUs"):
+    # The fewest GPUs that fit, on this node.
+    assert any(text.startswith("5 GPUs of this kind on this node (toy_ddp") for text in result.suggestions), (
+        result.suggestions
+    )
+    with pytest.raises(ValueError, match=r"No installed strategy fits 20\.00B parameters.*What would: .*5 GPUs"):
         result.best()
 
 
@@ -197,8 +201,9 @@ def test_smaller_micro_batch_and_checkpointing_are_suggested_when_activations_ar
 
 def test_no_gpu_here_says_how_to_plan_for_another_machine(add_plugin):
     add_plugin(ToyPlugin)
-    result = plan("1B", gpus=0, gpu_memory_gib=0, host_memory_gib=100)
-    with pytest.raises(ValueError, match="pass --gpus N and --gpu-memory GiB"):
+    # 20B x 16 bytes: too much for 100 GiB of host memory, so training on the CPU does not fit either.
+    result = plan("20B", gpus=0, gpu_memory_gib=0, host_memory_gib=100)
+    with pytest.raises(ValueError, match=r"on the CPU with 100 GiB.*pass --gpus N and --gpu-memory GiB"):
         result.best()
 
 
@@ -303,7 +308,7 @@ def test_plan_json_carries_the_advice_and_problems_the_table_prints(add_plugin, 
     assert len(answer["advice"]) == 1 and "What would:" in answer["advice"][0]
     assert answer["suggestions"] and all(text in answer["advice"][0] for text in answer["suggestions"])
     assert any("model failed" in problem for problem in answer["problems"])
-    no_gpu = ["--params", "1B", "--gpus", "0", "--gpu-memory", "0", "--host-memory", "100", "--json"]
+    no_gpu = ["--params", "20B", "--gpus", "0", "--gpu-memory", "0", "--host-memory", "100", "--json"]
     assert main(["plan", *no_gpu]) == 1
     assert "No CUDA device was found" in json.loads(capsys.readouterr().out)["advice"][0]
 

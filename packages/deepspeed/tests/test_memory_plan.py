@@ -247,3 +247,23 @@ def test_zero_2_fills_its_gradient_partition_while_backward_frees_the_activation
 def test_every_fitted_constant_points_at_evidence_that_exists():
     repository = Path(__file__).resolve().parents[3]
     assert unfound_evidence(FITTED, repository) == []
+
+
+def test_set_up_costs_count_the_processes_of_one_node():
+    """Stages 1 and 2 build the whole model in each process (teardown brings a 16-bit copy back to each); ZeRO-3
+    builds it partitioned. Over nodes, a node's host counts its own processes and its share of the offload."""
+    workload = Workload.build("70B", activation_checkpointing=True)
+    stage2, stage3 = ZeroSetting(2), ZeroSetting(3)
+    assert predict(workload, 64, stage2).host_bytes > 64 * workload.parameters * 2
+    eight = predict(workload, 64, stage2, per_node=8).host_bytes
+    assert 8 * workload.parameters * 2 < eight < 9 * workload.parameters * 2
+    offload = ZeroSetting(3, 1.0, True)
+    assert predict(workload, 64, offload, per_node=8).host_bytes < predict(workload, 64, offload).host_bytes / 7
+    assert predict(workload, 64, stage3, per_node=8).gpu_bytes == predict(workload, 64, stage3).gpu_bytes
+
+
+def test_without_gpus_zero_2_and_3_train_on_the_cpu():
+    machine = Machine(gpus=0, gpu_memory_bytes=0, host_memory_bytes=64 * GIB)
+    found = candidates(Workload.build("125M"), machine)
+    assert [c.strategy for c in found] == ["deepspeed_stage_2", "deepspeed_stage_3"]
+    assert all(c.fits and c.gpu_peak_gib == 0 for c in found)

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, plan, unfound_evidence
+from lightning_strategies.planning import (
+    GIB,
+    Machine,
+    Workload,
+    activation_bytes,
+    host_base_bytes,
+    plan,
+    unfound_evidence,
+)
 from lightning_strategies_fsdp.memory import FITTED, candidates, predict
 
 
@@ -58,3 +66,19 @@ def test_plan_ranks_the_installed_fsdp_names():
 def test_every_fitted_constant_points_at_evidence_that_exists():
     repository = Path(__file__).resolve().parents[3]
     assert unfound_evidence(FITTED, repository) == []
+
+
+def test_each_node_holds_only_its_processes_shards_and_bases():
+    """Over nodes, a node's host holds its own processes' base memory and, offloading, their shards alone."""
+    workload = Workload.build("70B")
+    one_node = predict(workload, 64, "fsdp_cpu_offload")
+    eight_nodes = predict(workload, 64, "fsdp_cpu_offload", per_node=8)
+    assert eight_nodes.gpu_bytes == one_node.gpu_bytes
+    assert eight_nodes.host_bytes < one_node.host_bytes / 7
+    assert predict(workload, 64, "fsdp", per_node=8).host_bytes == host_base_bytes(8)  # meta device: no copy
+
+
+def test_without_gpus_fsdp_trains_on_the_cpu():
+    machine = Machine(gpus=0, gpu_memory_bytes=0, host_memory_bytes=64 * GIB)
+    (cpu,) = candidates(Workload.build("125M"), machine)
+    assert cpu.strategy == "fsdp" and cpu.fits and cpu.gpu_peak_gib == 0 and "accelerator='cpu'" in cpu.notes[0]

@@ -59,14 +59,16 @@ class Placement:
     offload_param_frac: float
 
 
-def predict_static(workload: Workload, gpus: int, placement: Placement) -> Prediction:
+def predict_static(workload: Workload, gpus: int, placement: Placement, per_node: int | None = None) -> Prediction:
     """The peaks of a static placement, unpinned (the strategy's default): host memory holds only what is
     offloaded. The settings are the placement's, as the strategy takes them.
 
     The model is materialised on the GPU parameter by parameter (lazy init); without parameter offload every
     chunk, 16-bit and fp32, is closed there before the offloaded fp32 masters move to the host, so set-up
-    briefly holds 6 bytes per parameter of the whole model on the GPUs.
+    briefly holds 6 bytes per parameter of the whole model on the GPUs; no process builds a copy on the host. Each
+    node's host holds its ``per_node`` processes' (default: all) share of what is offloaded.
     """
+    per_node = gpus if per_node is None else per_node
     count, shape = workload.parameters, workload.shape
     low = workload.low_precision_bytes
     optimizer_side = 4 + workload.optimizer_state_bytes
@@ -76,14 +78,14 @@ def predict_static(workload: Workload, gpus: int, placement: Placement) -> Predi
     training = (total - on_host) / gpus + gathered + activation_bytes(workload)
     # GeminiDDP closes chunks on the GPU unless parameters are offloaded, then moves the offloaded fp32 masters.
     setup = count * (low + 4) / gpus if not placement.offload_param_frac else 0.0
-    host = host_base_bytes(gpus) + on_host
+    host = host_base_bytes(per_node) + on_host * per_node / gpus
     if placement.offload_optim_frac:
         # With parameter chunks offloaded too, the 16-bit chunk doubles as the gradient: counted twice, an
         # over-prediction of 2 bytes per parameter (colossalai_cpu in 2026-11-23-h200-memory-accuracy-1x.json).
-        host += placement.offload_optim_frac * count * OFFLOADED_GRADIENT_BYTES
+        host += placement.offload_optim_frac * count * OFFLOADED_GRADIENT_BYTES * per_node / gpus
         if workload.precision == "bf16-mixed":
             largest = max(4 * shape.hidden * shape.hidden, shape.vocabulary * shape.hidden)
-            host += gpus * CPU_UPDATE_TEMPORARY_BYTES * largest
+            host += per_node * CPU_UPDATE_TEMPORARY_BYTES * largest
     settings = {
         "placement_policy": "static",
         "offload_optim_frac": placement.offload_optim_frac,
@@ -92,25 +94,27 @@ def predict_static(workload: Workload, gpus: int, placement: Placement) -> Predi
     return Prediction(max(training, setup), host, offloaded_fraction=on_host / total, settings=settings)
 
 
-def predict_auto(workload: Workload, gpus: int, machine: Machine) -> Prediction:
-    """Placement auto: chunks fill what the GPU has left after activations; the host is planned for all states."""
+def predict_auto(workload: Workload, gpus: int, machine: Machine, per_node: int | None = None) -> Prediction:
+    """Placement auto: chunks fill what the GPU has left after activations; the host is planned for all states
+    (each node for its ``per_node`` processes' share)."""
+    per_node = gpus if per_node is None else per_node
     count = workload.parameters
     low = workload.low_precision_bytes
     total = count * (low + 4 + workload.optimizer_state_bytes)
     room = max(0.0, machine.gpu_budget_bytes * (1 - CHOICE_MARGIN) - activation_bytes(workload))
     on_gpu = min(total / gpus, room)
     offloaded = 1 - on_gpu * gpus / total
-    host = host_base_bytes(gpus) + AUTO_HOST_BYTES * count
+    host = host_base_bytes(per_node) + AUTO_HOST_BYTES * count * per_node / gpus
     return Prediction(on_gpu + activation_bytes(workload), host, offloaded_fraction=offloaded)
 
 
 def choose_static_placement(workload: Workload, machine: Machine) -> Placement | None:
     """The least share of the optimizer side to offload that fits with a margin. Parameter chunks are offloaded
     all or none by ColossalAI 0.5 (that is placement "cpu", planned on its own), so they are not a step here."""
-    gpus = max(1, machine.gpus)
+    gpus, per_node = max(1, machine.gpus), machine.processes_per_node
 
     def optimizer_only(fraction: float) -> tuple[float, float]:
-        prediction = predict_static(workload, gpus, Placement(fraction, 0.0))
+        prediction = predict_static(workload, gpus, Placement(fraction, 0.0), per_node)
         return prediction.gpu_bytes, prediction.host_bytes
 
     fraction = smallest_fitting_fraction(optimizer_only, with_choice_margin(machine))
@@ -120,20 +124,21 @@ def choose_static_placement(workload: Workload, machine: Machine) -> Placement |
 def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
     """The strategy's three named placements, and static placement with the least offload that fits where
     that is neither extreme."""
-    if workload.precision not in ("16-mixed", "bf16-mixed"):
-        return []  # Gemini trains in fp16 or bf16 only
-    gpus = max(1, machine.gpus)
+    if workload.precision not in ("16-mixed", "bf16-mixed") or machine.gpus == 0:
+        return []  # Gemini trains in fp16 or bf16 only, on CUDA only
+    gpus, per_node = max(1, machine.gpus), machine.processes_per_node
     found = []
     for name, placement, preference in (
         ("colossalai_cuda", Placement(0.0, 0.0), 0),
         ("colossalai_cpu", Placement(1.0, 1.0), 1),
     ):
         # The name sets the placement itself.
-        named = dataclasses.replace(predict_static(workload, gpus, placement), settings={})
+        named = dataclasses.replace(predict_static(workload, gpus, placement, per_node), settings={})
         found.append(candidate_from(name, named, machine, (), preference))
-    auto = predict_auto(workload, gpus, machine)
+    auto = predict_auto(workload, gpus, machine, per_node)
     found.append(candidate_from("colossalai", auto, machine, ["placement decided at run time"], 2))
     chosen = choose_static_placement(workload, machine)
     if chosen is not None and 0 < chosen.offload_optim_frac < 1:
-        found.append(candidate_from("colossalai", predict_static(workload, gpus, chosen), machine, (), 1))
+        static = predict_static(workload, gpus, chosen, per_node)
+        found.append(candidate_from("colossalai", static, machine, (), 1))
     return found

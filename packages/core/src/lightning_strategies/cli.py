@@ -169,6 +169,7 @@ def command_check(arguments: argparse.Namespace) -> int:
 def command_plan(arguments: argparse.Namespace) -> int:
     from lightning_strategies.planning import GIB, plan
     from lightning_strategies.planning.advice import settings_text
+    from lightning_strategies.planning.machine import INTER_NODE_ASSUMPTION
 
     # Each option's dest is the name of plan()'s parameter it sets.
     given = vars(arguments)
@@ -185,13 +186,20 @@ def command_plan(arguments: argparse.Namespace) -> int:
         f"{workload.precision}, {workload.optimizer}"
         + (", activation checkpointing" if workload.activation_checkpointing else "")
     )
+    gpus = f"{machine.gpus} GPU(s) x {machine.gpu_memory_bytes / GIB:.1f} GiB" if machine.gpus else "no GPU (the CPU)"
+    if machine.nodes > 1:
+        gpus = f"{machine.nodes} node(s) x {machine.gpus_per_node} GPU(s) x {machine.gpu_memory_bytes / GIB:.1f} GiB"
     print(
-        f"Machine: {machine.gpus} GPU(s) x {machine.gpu_memory_bytes / GIB:.1f} GiB, host "
-        f"{machine.host_memory_bytes / GIB:.1f} GiB"
-        + (f", NVMe {machine.nvme_bytes / GIB:.0f} GiB" if machine.nvme_bytes else "")
+        f"Machine: {gpus}, host {machine.host_memory_bytes / GIB:.1f} GiB per node"
+        + (f", NVMe {machine.nvme_bytes / GIB:.0f} GiB per node" if machine.nvme_bytes else "")
         + detected
     )
-    print("Predictions are estimates; how far they were from GPU measurements: docs, Which strategy?.\n")
+    if machine.nodes > 1:
+        print(f"Network: {INTER_NODE_ASSUMPTION}.")
+    print(
+        "Predictions are estimates; how far they were from GPU measurements: docs, Which strategy?. GPU PEAK is "
+        "each GPU's, HOST PEAK one node's processes together.\n"
+    )
     if result.candidates:
         width = max(len(candidate.strategy) for candidate in result.candidates) + 2
         print(f"{'FITS':<6}{'STRATEGY':<{width}}{'GPU PEAK':>10}{'HOST PEAK':>11}{'OFFLOAD':>9}  SETTINGS")
@@ -341,7 +349,18 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         "--activation-checkpointing", action="store_true", help="blocks recompute their activations in backward"
     )
     planning.add_argument(
-        "--gpus", type=int, help="GPUs to train on, 0 or more (default: those detected; none here: give --gpu-memory)"
+        "--gpus",
+        type=int,
+        help="GPUs to train on in all, 0 or more (0: on the CPU); on one node unless --nodes says how many "
+        "(default: those detected, or torchrun's or SLURM's layout; none here: give --gpu-memory)",
+    )
+    planning.add_argument(
+        "--nodes", type=int, help="nodes the GPUs are spread over, 1 or more (default: 1, or torchrun's or SLURM's)"
+    )
+    planning.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="GPUs on each node; with --nodes, --gpus is their product (default: --gpus / --nodes, or detected)",
     )
     planning.add_argument(
         "--gpu-memory",
@@ -355,7 +374,7 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         dest="host_memory_gib",
         metavar="GIB",
         type=float,
-        help="GiB of host memory (default: detected, cgroup limit)",
+        help="GiB of host memory of each node (default: this one's, detected, cgroup limit)",
     )
     planning.add_argument(
         "--nvme",
@@ -363,7 +382,7 @@ def _add_plan_parser(commands: argparse._SubParsersAction) -> None:
         metavar="GIB",
         type=float,
         default=0.0,
-        help="GiB of NVMe space for offloading (default: none)",
+        help="GiB of NVMe space for offloading on each node (default: none)",
     )
     planning.add_argument(
         "--json",

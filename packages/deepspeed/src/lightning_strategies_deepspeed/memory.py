@@ -3,8 +3,11 @@ optimizer offloaded in part (ZeRO-3's offload ratio) or whole, and parameters of
 
 Arithmetic only: no torch, no deepspeed. Per GPU: the partitions of the model states ZeRO keeps there,
 DeepSpeed's communication buffers and the activations, at backward's start or at the optimizer step. Per
-node, for every process together: what offloading keeps in host memory, and what passes through it during
-set-up and when Lightning's teardown moves the module and optimizer to the CPU after fit.
+node, for its processes together: their share of what offloading keeps in host memory, and what passes through
+it during set-up and when Lightning's teardown moves the module and optimizer to the CPU after fit. Stages 1 and
+2 build the whole model in each process; ZeRO-3 builds it partitioned (zero.Init), though a 16-bit copy was
+measured passing through each process's host memory at set-up. Without GPUs, ZeRO-2 and ZeRO-3 train on the CPU
+(DeepSpeed's CPU accelerator over gloo).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 from typing import Any
 
 from lightning_strategies.planning import (
+    CPU_PROCESSES,
     Candidate,
     Fitted,
     Machine,
@@ -22,6 +26,7 @@ from lightning_strategies.planning import (
     activation_bytes,
     candidate_from,
     host_base_bytes,
+    on_cpu,
     smallest_fitting_fraction,
     with_choice_margin,
 )
@@ -75,10 +80,16 @@ class ZeroSetting:
 
 
 def predict(
-    workload: Workload, gpus: int, setting: ZeroSetting, parameters: dict[str, Any] | None = None
+    workload: Workload,
+    gpus: int,
+    setting: ZeroSetting,
+    parameters: dict[str, Any] | None = None,
+    per_node: int | None = None,
 ) -> Prediction:
-    """Peaks of one ZeRO setting for ``workload`` on ``gpus`` GPUs of one node, with the strategy's ``parameters``
-    (the settings of the prediction)."""
+    """Peaks of one ZeRO setting for ``workload`` on ``gpus`` GPUs, ``per_node`` of them (default: all) on each
+    node, with the strategy's ``parameters`` (the settings of the prediction)."""
+    per_node = gpus if per_node is None else per_node
+    node_share = per_node / gpus  # of the partitions, those of this node's processes
     options = {**DEFAULTS, **(parameters or {})}
     count, states, shape = workload.parameters, workload.state_bytes(), workload.shape
     ratio, stage = setting.optimizer_offload, setting.stage
@@ -130,32 +141,32 @@ def predict(
         overhead = OPTIMIZER_OFFLOAD_STAGING_BYTES * ratio * count + host_gradient_slots(workload, ratio, options)
     else:
         overhead = OFFLOAD_HOST_OVERHEAD_BYTES * count * (ratio if not setting.offload_parameters else 1.0)
-    host_states = 0.0 if setting.nvme else offloaded + overhead
+    host_states = 0.0 if setting.nvme else (offloaded + overhead) * node_share
     if stage == 3 and 0 < ratio < 1 and not setting.nvme:
         # With any optimizer offload ZeRO-3 allocates a gradient slot on the host for every parameter at set-up;
         # the strategy replaces it (gradient_buffers.py) before CPU Adam's moments arrive with the first step
         # (docs/results/2026-11-23-h200-memory-accuracy-ds-gradients-1x.json; DeepSpeed's buffer kept:
         # 2026-11-23-h200-memory-accuracy-largest-1x.json).
         setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + states.gradients * count
-        host_states = max(host_states, setup)
+        host_states = max(host_states, setup * node_share)
     if stage == 3 and not setting.offload_parameters:
         # Set-up passes a 16-bit copy of the parameters through host memory in each process.
-        host_states = max(host_states, gpus * count * ZERO3_SETUP_HOST_BYTES)
-    nvme = offloaded if setting.nvme else 0.0
+        host_states = max(host_states, per_node * count * ZERO3_SETUP_HOST_BYTES)
+    nvme = offloaded * node_share if setting.nvme else 0.0
     # After fit, Lightning's Strategy.teardown (which DeepSpeed's strategies keep) moves the module and the
     # optimizer's state to the CPU. Below ZeRO-3 the module's 16-bit weights come along, on top of whatever the
     # host already holds (stage 3's module holds placeholders).
-    module = 0.0 if stage == 3 or setting.offload_parameters else gpus * count * states.weights
+    module = 0.0 if stage == 3 or setting.offload_parameters else per_node * count * states.weights
     if ratio == 0 and not setting.offload_parameters:
         # Without optimizer offload every rank's Adam moments move too (2026-11-23-h200-memory-accuracy-1x.json
         # and -2x.json). With a share offloaded resident memory did not grow after the last step (the 45% run in
         # -1x.json): the state Lightning moves is then CPU Adam's, already on the host. So a small offload can
         # lower the host peak: one measurement says so, and the planner follows it.
-        moments = count * states.optimizer if stage >= 1 else gpus * count * states.optimizer
+        moments = count * states.optimizer * node_share if stage >= 1 else per_node * count * states.optimizer
         host_states = max(host_states, moments + module)
     else:
         host_states += module
-    host = host_base_bytes(gpus) + host_states
+    host = host_base_bytes(per_node) + host_states
     moved = ratio * count * states.optimizer_side + offloaded_weights + (ratio * count * states.gradients)
     return Prediction(gpu, host, nvme, min(1.0, moved / (count * states.total)), dict(parameters or {}))
 
@@ -238,7 +249,8 @@ def _candidate(
 ) -> Candidate:
     gpus = max(1, machine.gpus)
     chosen = _settings(setting, workload, gpus, gradients_in_fp32)
-    prediction = predict(workload, gpus, setting, chosen)  # with the sub-groups the settings ask for
+    # With the sub-groups the settings ask for.
+    prediction = predict(workload, gpus, setting, chosen, machine.processes_per_node)
     notes = []
     if 0 < setting.optimizer_offload < 1:
         share = 1 - gpu_share(setting.optimizer_offload, partition_sizes(workload, gpus), chosen["sub_group_size"])
@@ -252,7 +264,8 @@ def choose_offload_ratio(workload: Workload, machine: Machine, gradients_in_fp32
 
     def peaks(ratio: float) -> tuple[float, float]:
         setting = ZeroSetting(3, ratio)
-        prediction = predict(workload, gpus, setting, _settings(setting, workload, gpus, gradients_in_fp32))
+        chosen = _settings(setting, workload, gpus, gradients_in_fp32)
+        prediction = predict(workload, gpus, setting, chosen, machine.processes_per_node)
         return prediction.gpu_bytes, prediction.host_bytes
 
     return smallest_fitting_fraction(peaks, with_choice_margin(machine))
@@ -260,7 +273,9 @@ def choose_offload_ratio(workload: Workload, machine: Machine, gradients_in_fp32
 
 def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
     """One candidate per useful setting: no offload (stages 2 and 3), the least optimizer offload that fits,
-    full offload, parameters offloaded too, and NVMe."""
+    full offload, parameters offloaded too, and NVMe. Without GPUs, ZeRO-2 and ZeRO-3 on the CPU."""
+    if machine.gpus == 0:
+        return cpu_candidates(workload, machine)
     found = [
         _candidate("deepspeed_stage_2", workload, machine, ZeroSetting(2), 0),
         _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3), 1),
@@ -283,4 +298,16 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
     found.append(
         _candidate("deepspeed_stage_3_offload_nvme", workload, machine, ZeroSetting(3, 1.0, True, nvme=True), 4)
     )
+    return found
+
+
+def cpu_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
+    """ZeRO-2 and ZeRO-3 on the CPU over gloo, CPU_PROCESSES processes, everything in host memory."""
+    note = f"on the CPU (DeepSpeed's CPU accelerator, gloo): Trainer(accelerator='cpu', devices={CPU_PROCESSES})"
+    found = []
+    for name, stage in (("deepspeed_stage_2", 2), ("deepspeed_stage_3", 3)):
+        setting = ZeroSetting(stage)
+        chosen = _settings(setting, workload, CPU_PROCESSES)
+        cpu = on_cpu(predict(workload, CPU_PROCESSES, setting, chosen), CPU_PROCESSES)
+        found.append(candidate_from(name, cpu, machine, [note], stage - 2))
     return found

@@ -1,9 +1,10 @@
-"""FSDP2's memory model for `lightning-strategies plan`: predicted peaks of each fsdp name on one node.
+"""FSDP2's memory model for `lightning-strategies plan`: predicted peaks of each fsdp name, per GPU and per node.
 
 Arithmetic only (no torch). FSDP2 keeps every parameter as an fp32 shard with its fp32 gradient shard
 and optimizer moments; in forward and backward the blocks are gathered one or two at a time in the
 compute precision (MixedPrecisionPolicy). CPUOffloadPolicy moves the shards, gradients and moments to
-host memory, leaving only gathered blocks and activations on the GPU.
+host memory, leaving only gathered blocks and activations on the GPU. Without GPUs, fsdp and fsdp_cpu_offload
+train on the CPU over gloo.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_strategies.planning import (
+    CPU_PROCESSES,
     Candidate,
     Fitted,
     Machine,
@@ -19,6 +21,7 @@ from lightning_strategies.planning import (
     activation_bytes,
     candidate_from,
     host_base_bytes,
+    on_cpu,
 )
 
 # Blocks gathered at a time: the one running and the one prefetched.
@@ -41,8 +44,9 @@ def _states_per_parameter(workload: Workload) -> int:
     return 4 + 4 + workload.optimizer_state_bytes
 
 
-def predict(workload: Workload, gpus: int, name: str) -> Prediction:
-    """The peaks of an fsdp name on ``gpus`` GPUs of one node."""
+def predict(workload: Workload, gpus: int, name: str, per_node: int | None = None) -> Prediction:
+    """The peaks of an fsdp name on ``gpus`` GPUs, ``per_node`` of them (default: all) on each node."""
+    per_node = gpus if per_node is None else per_node
     count, shape = workload.parameters, workload.shape
     compute_bytes = workload.low_precision_bytes
     states = count * _states_per_parameter(workload)
@@ -61,9 +65,9 @@ def predict(workload: Workload, gpus: int, name: str) -> Prediction:
     gpu = gpu_states + gathered + unsharded_gradient + activation_bytes(workload)
     # configure_model builds on the meta device and each shard is allocated where it trains, so no process holds
     # the whole model on the host (docs/results/2026-11-27-h200x4-hugging-face-8b.jsonl). Offloading keeps the
-    # states in host memory.
-    offloaded = states + OFFLOAD_HOST_OVERHEAD_BYTES * count if offloading else 0.0
-    host = host_base_bytes(gpus) + offloaded
+    # states in host memory: each node its own processes' shards.
+    offloaded = (states + OFFLOAD_HOST_OVERHEAD_BYTES * count) * per_node / gpus if offloading else 0.0
+    host = host_base_bytes(per_node) + offloaded
     settings, _ = NAMES[name]
     return Prediction(gpu, host, offloaded_fraction=1.0 if offloading else 0.0, settings=dict(settings))
 
@@ -78,6 +82,8 @@ NAMES: dict[str, tuple[dict[str, Any], int]] = {
 
 
 def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
+    if machine.gpus == 0:
+        return cpu_candidates(workload, machine)
     gpus = max(1, machine.gpus)
     found = []
     for name, (_, preference) in NAMES.items():
@@ -86,5 +92,13 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         notes = []
         if workload.activation_checkpointing:
             notes.append("pass activation_checkpointing_policy={YourBlock} for the checkpointing planned here")
-        found.append(candidate_from(name, predict(workload, gpus, name), machine, notes, preference))
+        prediction = predict(workload, gpus, name, machine.processes_per_node)
+        found.append(candidate_from(name, prediction, machine, notes, preference))
     return found
+
+
+def cpu_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
+    """fsdp on the CPU over gloo, CPU_PROCESSES processes sharding the states (fsdp_cpu_offload is the same there)."""
+    cpu = on_cpu(predict(workload, CPU_PROCESSES, "fsdp"), CPU_PROCESSES)
+    note = f"on the CPU over gloo: Trainer(accelerator='cpu', devices={CPU_PROCESSES})"
+    return [candidate_from("fsdp", cpu, machine, [note], 0)]

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from lightning_strategies.planning.candidates import (
     CHOICE_MARGIN,
+    CPU_PROCESSES,
     Candidate,
     Prediction,
     candidate,
     candidate_from,
     fits_machine,
     host_base_bytes,
+    on_cpu,
     smallest_fitting_fraction,
     with_choice_margin,
 )
@@ -31,6 +33,7 @@ from lightning_strategies.planning.workload import ModelShape, StateBytes, Workl
 # What a strategy package's memory model may use; the rest is core's own arithmetic and ranking, in the modules.
 __all__ = [
     "CHOICE_MARGIN",
+    "CPU_PROCESSES",
     "GIB",
     "Candidate",
     "Fitted",
@@ -45,6 +48,7 @@ __all__ = [
     "candidate_from",
     "fits_machine",
     "host_base_bytes",
+    "on_cpu",
     "parse_count",
     "plan",
     "smallest_fitting_fraction",

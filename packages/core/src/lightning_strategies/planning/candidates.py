@@ -20,8 +20,10 @@ EXPANDABLE_SEGMENTS_BELOW_BYTES = int(FITTED["EXPANDABLE_SEGMENTS_BELOW_BYTES"].
 class Prediction:
     """A memory model's prediction for one strategy name with ``settings`` (its constructor arguments).
 
-    ``gpu_bytes`` is each device's ``torch.cuda.max_memory_allocated``; ``host_bytes`` the peak resident
-    memory of all of the node's training processes together; ``nvme_bytes`` what is offloaded to NVMe;
+    ``gpu_bytes`` is each device's ``torch.cuda.max_memory_allocated`` (0 for training on the CPU); ``host_bytes``
+    the peak resident memory of all of one node's training processes together (``machine.processes_per_node``),
+    with each process's set-up cost as the strategy has it (a whole copy of the model where it builds one,
+    nothing where it builds on the meta device or partitioned); ``nvme_bytes`` what is offloaded to NVMe;
     ``offloaded_fraction`` the share of model-state bytes kept in host memory or on NVMe.
     """
 
@@ -36,8 +38,8 @@ class Prediction:
 class Candidate:
     """One strategy name with settings, and what it would use.
 
-    ``gpu_peak_gib`` is the predicted ``torch.cuda.max_memory_allocated`` of each device; ``host_peak_gib``
-    the predicted peak resident memory of all of the node's training processes together.
+    ``gpu_peak_gib`` is the predicted ``torch.cuda.max_memory_allocated`` of each device (0 on the CPU);
+    ``host_peak_gib`` the predicted peak resident memory of all of one node's training processes together.
     ``offloaded_fraction`` is the share of model-state bytes (weights, gradients, optimizer states) kept in
     host memory or on NVMe. ``preference`` orders a package's own candidates of equal offload (lower runs
     faster, as far as its author knows).
@@ -87,7 +89,7 @@ def candidate(
     fits = fits_machine(gpu_peak_bytes, host_peak_bytes, machine, nvme_bytes)
     notes = list(notes)
     free = machine.gpu_memory_bytes - gpu_peak_bytes
-    if fits and free < EXPANDABLE_SEGMENTS_BELOW_BYTES and not expandable_segments_set():
+    if fits and machine.gpus and free < EXPANDABLE_SEGMENTS_BELOW_BYTES and not expandable_segments_set():
         notes.append(
             f"leaves {free / GIB:.0f} GiB of each GPU free: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
             "before training starts, or fragmentation may run it out of memory"
@@ -128,17 +130,28 @@ def expandable_segments_set() -> bool:
 
 
 def fits_machine(gpu_peak_bytes: float, host_peak_bytes: float, machine: Machine, nvme_bytes: float = 0.0) -> bool:
-    return (
-        machine.gpus > 0
-        and gpu_peak_bytes <= machine.gpu_budget_bytes
-        and host_peak_bytes <= machine.host_budget_bytes
-        and nvme_bytes <= machine.nvme_bytes
-    )
+    """Whether the peaks fit each GPU and each node's host; without GPUs, only what trains on the CPU (no GPU
+    peak) fits."""
+    on_gpus = machine.gpus > 0 and gpu_peak_bytes <= machine.gpu_budget_bytes
+    on_cpu = machine.gpus == 0 and gpu_peak_bytes == 0
+    return (on_gpus or on_cpu) and host_peak_bytes <= machine.host_budget_bytes and nvme_bytes <= machine.nvme_bytes
 
 
 def host_base_bytes(processes: int) -> int:
-    """Resident memory of ``processes`` training processes before the model: one per GPU used."""
+    """Resident memory of ``processes`` training processes before the model: one per GPU of the node."""
     return HOST_PROCESS_BASE_BYTES * max(1, processes)
+
+
+# Processes a CPU candidate plans for where the machine has no GPU: the fewest over which a strategy shards.
+CPU_PROCESSES = 2
+
+
+def on_cpu(prediction: Prediction, processes: int) -> Prediction:
+    """A GPU prediction for ``processes`` processes of one node, as training on the CPU: what each would hold on
+    its device is held in host memory instead (gloo's buffers, smaller than NCCL's, are not counted)."""
+    return dataclasses.replace(
+        prediction, gpu_bytes=0.0, host_bytes=prediction.host_bytes + processes * prediction.gpu_bytes
+    )
 
 
 # The share of each GPU a package's memory model keeps free beyond its prediction when it chooses how much to
@@ -170,8 +183,15 @@ def smallest_fitting_fraction(
 
 def rank(candidates: Iterable[Candidate]) -> list[Candidate]:
     """Fitting first; then least offloaded (offloading costs step time); then the package's preference;
-    then the smaller GPU peak (more room for a larger batch)."""
+    then the smaller GPU peak (more room for a larger batch). On the CPU (no GPU peak) by host peak alone."""
     return sorted(
         candidates,
-        key=lambda c: (not c.fits, round(c.offloaded_fraction, 3), c.preference, c.gpu_peak_gib, c.strategy),
+        key=lambda c: (
+            not c.fits,
+            round(c.offloaded_fraction, 3),
+            c.host_peak_gib if c.gpu_peak_gib == 0 else 0.0,
+            c.preference,
+            c.gpu_peak_gib,
+            c.strategy,
+        ),
     )

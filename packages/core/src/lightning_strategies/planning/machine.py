@@ -1,10 +1,11 @@
-"""The machine a plan is for: its GPUs and host memory, read from this one or given, and how much of each a
-training run can use."""
+"""The machine a plan is for: its nodes, GPUs and host memory (per node), read from this one and from torchrun's
+or SLURM's environment, or given, and how much of each a training run can use."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from lightning_strategies.planning.fitted import FITTED
@@ -13,16 +14,38 @@ CUDA_CONTEXT_BYTES = int(FITTED["CUDA_CONTEXT_BYTES"].value)
 ALLOCATOR_FRAGMENTATION = FITTED["ALLOCATOR_FRAGMENTATION"].value
 HOST_HEADROOM = FITTED["HOST_HEADROOM"].value
 
+# Stated, not modelled: the plan predicts memory, never step time, and says what it takes the network to be.
+INTER_NODE_ASSUMPTION = (
+    "between nodes the plan assumes a data-centre network of about 200 Gbit/s per node (InfiniBand or RoCE); it "
+    "predicts memory, not speed: over a slower link a strategy that shards across nodes (fsdp, ZeRO-3, Gemini) "
+    "spends much of each step communicating"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Machine:
-    """The devices one node offers: GPUs (count and memory each), host memory, NVMe space for offloading."""
+    """The devices a run trains on: ``gpus`` in all (memory each), spread evenly over ``nodes``; each node's host
+    memory and NVMe space for offloading. ``gpus`` 0 is a machine without GPUs: training on its CPU."""
 
     gpus: int
     gpu_memory_bytes: int
-    host_memory_bytes: int
-    nvme_bytes: int = 0
-    detected: tuple[str, ...] = ()  # which fields were read from this machine, not given
+    host_memory_bytes: int  # of each node
+    nvme_bytes: int = 0  # of each node
+    detected: tuple[str, ...] = ()  # which fields were read from this machine or its environment, not given
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus % self.nodes:
+            raise ValueError(f"{self.gpus} GPUs do not spread evenly over {self.nodes} node(s).")
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def processes_per_node(self) -> int:
+        """Training processes on one node, whose host memory a prediction's ``host_bytes`` counts: one per GPU."""
+        return max(1, self.gpus_per_node)
 
     @property
     def gpu_budget_bytes(self) -> int:
@@ -40,13 +63,15 @@ class Machine:
         gpu_memory_bytes: int | None = None,
         host_memory_bytes: int | None = None,
         nvme_bytes: int = 0,
+        nodes: int = 1,
     ) -> Machine:
-        """This machine, with any field given overriding what is found."""
+        """This machine, with any field given overriding what is found; ``gpus`` counts every node's, and where it is
+        not given, ``nodes`` of this one's."""
         detected = []
         if gpus is None or gpu_memory_bytes is None:
             found_gpus, found_memory = _cuda_devices()
             if gpus is None:
-                gpus = found_gpus
+                gpus = found_gpus * nodes
                 detected.append("gpus")
             if gpu_memory_bytes is None:
                 gpu_memory_bytes = found_memory
@@ -54,7 +79,26 @@ class Machine:
         if host_memory_bytes is None:
             host_memory_bytes = host_memory()
             detected.append("host_memory")
-        return cls(gpus, gpu_memory_bytes, host_memory_bytes, nvme_bytes, tuple(detected))
+        return cls(gpus, gpu_memory_bytes, host_memory_bytes, nvme_bytes, tuple(detected), nodes)
+
+
+def launcher_layout(environ: Mapping[str, str]) -> tuple[int, int, str] | None:
+    """(nodes, GPUs per node, launcher) read from torchrun's (WORLD_SIZE, LOCAL_WORLD_SIZE) or SLURM's
+    (SLURM_NNODES with SLURM_NTASKS_PER_NODE or SLURM_GPUS_ON_NODE) environment, or None outside both."""
+
+    def number(name: str) -> int | None:
+        # SLURM writes repeated counts as "8(x2)"; every node of a plan has the same count.
+        text = environ.get(name, "").split("(")[0].split(",")[0].strip()
+        return int(text) if text.isdigit() and int(text) > 0 else None
+
+    world, local = number("WORLD_SIZE"), number("LOCAL_WORLD_SIZE")
+    if world and local and world % local == 0:
+        return world // local, local, "torchrun"
+    nodes = number("SLURM_NNODES")
+    per_node = number("SLURM_NTASKS_PER_NODE") or number("SLURM_GPUS_ON_NODE")
+    if nodes and per_node:
+        return nodes, per_node, "SLURM"
+    return None
 
 
 def _cuda_devices() -> tuple[int, int]:
