@@ -102,5 +102,10 @@ def memory_plan_candidates(workload: Workload, machine: Machine) -> list[Candida
     Args:
         workload: the model (parameter count and GPT-style shape), tokens per step and device,
             precision, optimizer and whether activations are checkpointed.
-        machine: GPUs per node and the memory of each, host memory, NVMe space for offloading.
+        machine: GPUs in all (``gpus``) over ``nodes``, the memory of each, each node's host memory and NVMe space
+            for offloading. Predict ``host_bytes`` for one node's ``machine.processes_per_node`` processes, with
+            each process's set-up cost as the strategy builds the model (a whole copy, or none on the meta
+            device or partitioned), and that node's share of what is offloaded. ``gpus`` 0 asks for training on
+            the CPU: answer with ``gpu_bytes`` 0 (``planning.on_cpu``) where the strategy trains there, else
+            nothing.
     """
