@@ -196,3 +196,12 @@ def test_cpu_candidates_of_our_packages(no_launcher, our_packages):
     names = {c.strategy for c in result.fitting}
     assert {"fsdp", "deepspeed_stage_2", "deepspeed_stage_3"} <= names
     assert not any(c.strategy.startswith("colossalai") for c in result.candidates)  # Gemini needs CUDA
+
+
+def test_with_only_lightnings_own_strategies_the_advice_names_a_sharding_package(no_launcher, add_plugin):
+    """No change makes ddp hold 70B whole on an 80 GiB GPU: the advice says so and names what would spread it."""
+    result = plan("70B", gpus=8, **SEVENTY_B)
+    assert {c.strategy for c in result.candidates} == {"ddp"}
+    assert not result.fitting and not result.suggestions
+    assert "pip install lightning-strategies-fsdp" in result.advice[0]
+    assert "Nothing tried makes one fit" in result.advice[0]

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lightning_strategies.planning import builtins
 from lightning_strategies.planning.candidates import Candidate, rank
 from lightning_strategies.planning.fitted import GIB
 from lightning_strategies.planning.machine import Machine
@@ -31,7 +32,16 @@ def nothing_fits_message(plan: Plan) -> str:
     if not plan.candidates:
         return text + " No installed package answered: pip install a strategy package with a memory model."
     if plan.suggestions:
-        text += " What would: " + "; ".join(plan.suggestions) + "."
+        return text + " What would: " + "; ".join(plan.suggestions) + "."
+    text += (
+        f" Nothing tried makes one fit: activation checkpointing with micro-batch 1, up to {MOST_NODES} nodes like "
+        "this one, NVMe offloading."
+    )
+    if all(candidate.strategy in builtins.NAMES for candidate in plan.candidates):
+        text += (
+            " Only Lightning's own auto and ddp, which hold the whole model on each GPU, answered: a sharding "
+            "strategy would spread it (pip install lightning-strategies-fsdp or lightning-strategies-deepspeed)."
+        )
     return text
 
 
