@@ -75,9 +75,11 @@ def resume_anywhere(
         )
         try:
             workers = min(os.cpu_count() or 1, max(1, int(getattr(strategy, "num_processes", 1) or 1)))
-            answer = (None, _convert_once(location, target, workers))
+            answer = (None, _convert_once(location, target, workers, weights_only))
         except _Unconvertible as error:
             answer = (f"{saved}, which cannot be done: {error} What was saved is unchanged.", "")
+        except CheckpointError as error:  # a file refused as damaged, or by weights_only
+            answer = (f"{saved}, and one of its files is refused: {error}", "")
         except Exception as error:  # every rank raises it, rather than the others waiting for rank 0 forever
             answer = (
                 f"{saved}, and the conversion failed. What was saved is unchanged. Resume on {layout.world_size} "
@@ -98,7 +100,9 @@ def resume_anywhere(
     return checkpoints.inspect(target, weights_only)
 
 
-def _convert_once(location: checkpoints.CheckpointLocation, target: Path, workers: int) -> str:
+def _convert_once(
+    location: checkpoints.CheckpointLocation, target: Path, workers: int, weights_only: bool | None
+) -> str:
     """Write (or find) the universal form at ``target``; return the line saying which."""
     source = _fingerprint(location)
     processes = "process" if source["world_size"] == 1 else "processes"
@@ -114,6 +118,11 @@ def _convert_once(location: checkpoints.CheckpointLocation, target: Path, worker
                 f"Resuming {location.directory} (saved on {source['world_size']} {processes}) from its universal "
                 f"form {target}, converted on an earlier resume."
             )
+    # ds_to_universal unpickles every file. The model-state files are first read as a resume reads them, with the
+    # caller's weights_only (the optimizer-state files hold DeepSpeed's own classes and are read as DeepSpeed
+    # reads them on any resume), so the conversion runs no code that the resume itself would refuse.
+    for path in sorted(location.tag_folder.glob("*model_states.pt")):
+        checkpoints.read_saved_file(path, weights_only, mmap=True)
     _check_adam_state(location, source["world_size"])
     universal_tag = location.tag + checkpoints.UNIVERSAL_SUFFIX
     try:
