@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from conftest import train_together
 
 from lightning_strategies.checkpoints import STAGING_FOLDER
@@ -37,10 +38,18 @@ STRATEGIES = {
     "deepspeed_stage_2": ("deepspeed_stage_2", None),
     "deepspeed_stage_3": ("deepspeed_stage_3", None),
 }
+# What the refusals of one file under DeepSpeed advise: its weights under DeepSpeedStrategy(load_full_weights=True)
+FOLLOWING_ADVICE = {
+    f"deepspeed_stage_{stage}-load_full_weights": (
+        f"deepspeed_stage_{stage}",
+        {"stage": stage, "load_full_weights": True},
+    )
+    for stage in (2, 3)
+}
 
 
 def _run(name: str, **arguments):
-    strategy, options = STRATEGIES[name]
+    strategy, options = {**STRATEGIES, **FOLLOWING_ADVICE}[name]
     return {"strategy": strategy, "options": options, **arguments}
 
 
@@ -63,12 +72,24 @@ def resumed(folder, saved):
         for source in STRATEGIES
         for target in STRATEGIES
     }
+    # The refusal's way to agree to drop the optimizer states: a copy of the file without them.
+    checkpoint = torch.load(folder / "ddp.ckpt")
+    del checkpoint["optimizer_states"]
+    torch.save(checkpoint, folder / "ddp-weights.ckpt")
+    runs |= {
+        f"{source}->{target}": _run(target, **FULL, resume=folder / f"{source}.ckpt")
+        for source in ("ddp", "fsdp-full", "ddp-weights")
+        for target in FOLLOWING_ADVICE
+    }
     return train_together(folder / "resumes", runs)
 
 
 FSDP_CONVERT = r"python -m lightning_strategies_fsdp\.convert \S+ full\.ckpt"
 DEEPSPEED_CONVERT = r"python -m lightning_strategies_deepspeed\.convert \S+ full\.ckpt"
 FULL_WEIGHTS = r"DeepSpeedStrategy\(load_full_weights=True\)"
+DROPPED = (
+    r"1 optimizer\(s\) for 4 parameters \(exp_avg, exp_avg_sq, step\).*would drop them.*del c\['optimizer_states'\]"
+)
 OTHER_STAGE = r"DeepSpeed cannot load one into the other\. Resume with ZeRO stage \d.*the optimizer starts afresh"
 
 # (from, to) -> (class, for a refusal: a pattern its message must match). Measured on CPU, 2 processes, fp32, Adam.
@@ -87,6 +108,10 @@ MATRIX = {
     ("deepspeed_stage_3", "deepspeed_stage_3"): EXACT,
     ("deepspeed_stage_2", "deepspeed_stage_3"): ("refused-clear", OTHER_STAGE),
     ("deepspeed_stage_3", "deepspeed_stage_2"): ("refused-clear", OTHER_STAGE),
+    # Before: both resumed with the optimizer started afresh, silently (the losses left the curve from the second step).
+    **{(source, target): ("refused-clear", DROPPED) for source in ("ddp", "fsdp-full") for target in FOLLOWING_ADVICE},
+    # Agreed: the weights, schedulers and loops resume, the optimizer starts afresh.
+    **{("ddp-weights", target): ("agreed", None) for target in FOLLOWING_ADVICE},
 }  # fmt: skip
 # The fsdp folder's refusal under deepspeed names the fsdp converter as well.
 EXTRA_PATTERNS = {("fsdp", target): FSDP_CONVERT for target in ("deepspeed_stage_2", "deepspeed_stage_3")}
@@ -116,6 +141,10 @@ def test_cell(saved, resumed, source, target):
     expected, pattern = MATRIX[source, target]
     result = resumed[f"{source}->{target}"]
     got = classify(result, saved["uninterrupted-ddp"]["losses"][STEPS_PER_EPOCH:])
+    if expected == "agreed":
+        assert got == "wrong", result.get("error") or result["losses"]  # fresh Adam moments: another curve
+        assert result["losses"][0] == pytest.approx(saved["uninterrupted-ddp"]["losses"][STEPS_PER_EPOCH], rel=1e-6)
+        return
     if expected == "exact":
         assert got == "exact", result.get("error") or result["losses"]
         return
