@@ -22,6 +22,7 @@ import torch
 from conftest import train_together
 
 from lightning_strategies.checkpoints import STAGING_FOLDER
+from lightning_strategies_deepspeed.checkpoint import convert_zero_checkpoint
 
 pytest.importorskip("lightning_strategies_fsdp")
 
@@ -76,6 +77,14 @@ def resumed(folder, saved):
     checkpoint = torch.load(folder / "ddp.ckpt")
     del checkpoint["optimizer_states"]
     torch.save(checkpoint, folder / "ddp-weights.ckpt")
+    # What the refusals of a ZeRO folder under ddp and fsdp advise: its converted file (weights, no optimizer states).
+    convert_zero_checkpoint(folder / "deepspeed_stage_2.ckpt", folder / "deepspeed_stage_2-converted.ckpt")
+    runs |= {
+        f"deepspeed_stage_2-converted->{target}": _run(
+            target, **FULL, resume=folder / "deepspeed_stage_2-converted.ckpt"
+        )
+        for target in ("ddp", "fsdp")
+    }
     runs |= {
         f"{source}->{target}": _run(target, **FULL, resume=folder / f"{source}.ckpt")
         for source in ("ddp", "fsdp-full", "ddp-weights")
@@ -90,6 +99,7 @@ FULL_WEIGHTS = r"DeepSpeedStrategy\(load_full_weights=True\)"
 DROPPED = (
     r"1 optimizer\(s\) for 4 parameters \(exp_avg, exp_avg_sq, step\).*would drop them.*del c\['optimizer_states'\]"
 )
+LIGHTNING_NO_OPTIMIZER = r"Trying to restore optimizer state but checkpoint contains only the model"
 OTHER_STAGE = r"DeepSpeed cannot load one into the other\. Resume with ZeRO stage \d.*the optimizer starts afresh"
 
 # (from, to) -> (class, for a refusal: a pattern its message must match). Measured on CPU, 2 processes, fp32, Adam.
@@ -112,6 +122,9 @@ MATRIX = {
     **{(source, target): ("refused-clear", DROPPED) for source in ("ddp", "fsdp-full") for target in FOLLOWING_ADVICE},
     # Agreed: the weights, schedulers and loops resume, the optimizer starts afresh.
     **{("ddp-weights", target): ("agreed", None) for target in FOLLOWING_ADVICE},
+    # The converted ZeRO folder has no optimizer states: a fit from it is refused.
+    ("deepspeed_stage_2-converted", "ddp"): ("refused-clear", LIGHTNING_NO_OPTIMIZER),
+    ("deepspeed_stage_2-converted", "fsdp"): ("refused-clear", r"holds the model but no optimizer states"),
 }  # fmt: skip
 # The fsdp folder's refusal under deepspeed names the fsdp converter as well.
 EXTRA_PATTERNS = {("fsdp", target): FSDP_CONVERT for target in ("deepspeed_stage_2", "deepspeed_stage_3")}
