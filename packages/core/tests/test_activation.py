@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import sys
 
 import pytest
@@ -205,6 +206,7 @@ def test_lightnings_ddp_names_another_strategys_folder_instead_of_opening_it(reg
 
     activate()
     trainer = _trainer(pl, "ddp", accelerator="cpu", max_steps=1, enable_progress_bar=False)
+    pickle.loads(pickle.dumps(trainer.strategy))  # ddp_spawn pickles it into the processes it starts
     (tmp_path / "other.ckpt").mkdir()
     refused = pytest.raises(CheckpointError, match=r"another package's checkpoint.*DDPStrategy reads one checkpoint")
     with written_by_another_package(tmp_path / "other.ckpt"), refused:
