@@ -36,6 +36,7 @@ STRATEGIES = {
     "ddp": ("ddp", None),
     "fsdp": ("fsdp", None),
     "fsdp-full": ("fsdp", {"state_dict_type": "full"}),
+    "deepspeed_stage_1": ("deepspeed_stage_1", None),
     "deepspeed_stage_2": ("deepspeed_stage_2", None),
     "deepspeed_stage_3": ("deepspeed_stage_3", None),
 }
@@ -104,20 +105,22 @@ OTHER_STAGE = r"DeepSpeed cannot load one into the other\. Resume with ZeRO stag
 
 # (from, to) -> (class, for a refusal: a pattern its message must match). Measured on CPU, 2 processes, fp32, Adam.
 # Before issue 29 item 2, fsdp -> ddp and deepspeed_stage_2/3 -> ddp failed with IsADirectoryError (Lightning's ddp
-# opening the folder as a file); no cell resumed wrong.
+# opening the folder as a file), and the route the refusals of one file under DeepSpeed advised (load_full_weights=True)
+# resumed wrong: Adam's state dropped silently.
 EXACT = ("exact", None)
+ZERO = ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
 MATRIX = {
     **{(source, target): EXACT for source in ("ddp", "fsdp-full") for target in ("ddp", "fsdp", "fsdp-full")},
     **{("fsdp", target): EXACT for target in ("fsdp", "fsdp-full")},
     ("fsdp", "ddp"): EXACT,  # converted once to fsdp.ckpt/full.ckpt (core's one_file_for), then read as one file
     **{(source, target): ("refused-clear", FULL_WEIGHTS)
-       for source in ("ddp", "fsdp-full", "fsdp") for target in ("deepspeed_stage_2", "deepspeed_stage_3")},
-    **{(f"deepspeed_stage_{stage}", target): ("refused-clear", DEEPSPEED_CONVERT)
-       for stage in (2, 3) for target in ("ddp", "fsdp", "fsdp-full")},
-    ("deepspeed_stage_2", "deepspeed_stage_2"): EXACT,
-    ("deepspeed_stage_3", "deepspeed_stage_3"): EXACT,
-    ("deepspeed_stage_2", "deepspeed_stage_3"): ("refused-clear", OTHER_STAGE),
-    ("deepspeed_stage_3", "deepspeed_stage_2"): ("refused-clear", OTHER_STAGE),
+       for source in ("ddp", "fsdp-full", "fsdp") for target in ZERO},
+    **{(source, target): ("refused-clear", DEEPSPEED_CONVERT)
+       for source in ZERO for target in ("ddp", "fsdp", "fsdp-full")},
+    # ZeRO 1 and 2 partition the optimizer state alike, and DeepSpeed loads one into the other; ZeRO 3 also the weights.
+    **{(source, target): EXACT if source == target or "stage_3" not in source + target
+       else ("refused-clear", OTHER_STAGE)
+       for source in ZERO for target in ZERO},
     # Before: both resumed with the optimizer started afresh, silently (the losses left the curve from the second step).
     **{(source, target): ("refused-clear", DROPPED) for source in ("ddp", "fsdp-full") for target in FOLLOWING_ADVICE},
     # Agreed: the weights, schedulers and loops resume, the optimizer starts afresh.
@@ -127,7 +130,7 @@ MATRIX = {
     ("deepspeed_stage_2-converted", "fsdp"): ("refused-clear", r"holds the model but no optimizer states"),
 }  # fmt: skip
 # The fsdp folder's refusal under deepspeed names the fsdp converter as well.
-EXTRA_PATTERNS = {("fsdp", target): FSDP_CONVERT for target in ("deepspeed_stage_2", "deepspeed_stage_3")}
+EXTRA_PATTERNS = {("fsdp", target): FSDP_CONVERT for target in ZERO}
 
 
 def classify(result: dict, expected_losses: list[float]) -> str:
