@@ -116,3 +116,15 @@ def test_a_failed_conversion_is_refused_and_leaves_nothing(tmp_path: Path) -> No
     with _convertible(folder, "_fail"), refused:
         one_file_for(folder, _Strategy())
     assert not (folder / ONE_FILE_NAME).exists()
+
+
+def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> None:
+    """Another node without the folder on a shared file system: rank 0 converted, this rank finds nothing."""
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+
+    class OtherNode(_Strategy):
+        is_global_zero = False
+
+    with _convertible(folder, "_write_whole"), pytest.raises(CheckpointError, match=r"one shared file system.*convert"):
+        one_file_for(folder, OtherNode())

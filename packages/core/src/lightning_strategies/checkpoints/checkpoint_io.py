@@ -115,6 +115,12 @@ def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None) -> 
     failure = strategy.broadcast(failure)
     if failure is not None:
         raise CheckpointError(failure)
+    if not target.is_file():
+        raise CheckpointError(
+            f"Rank 0 wrote the one-file form of {path} at {target}, but this process does not see it there: every "
+            f"node must see the checkpoint on one shared file system. Convert it where each node sees it "
+            f"({found.to_full_weights.format(path=path)}) and resume from that file."
+        )
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
     if strategy.is_global_zero:
         log.info(
