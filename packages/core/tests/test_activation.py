@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import sys
 
 import pytest
@@ -193,3 +194,20 @@ def test_one_table_names_the_watched_modules_and_what_each_holds():
         assert module_name.startswith(namespace + "."), module_name
         assert importlib.util.find_spec(module_name) is not None, module_name
         assert hasattr(importlib.import_module(module_name), attribute), (module_name, attribute)
+
+
+def test_lightnings_ddp_names_another_strategys_folder_instead_of_opening_it(registry, lightning_registries, tmp_path):
+    """Issue 29 item 2: Lightning's ddp opened a DeepSpeed or DCP folder as a file (IsADirectoryError)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from lightning_strategies.errors import CheckpointError
+    from lightning_strategies.testing import written_by_another_package
+
+    activate()
+    trainer = _trainer(pl, "ddp", accelerator="cpu", max_steps=1, enable_progress_bar=False)
+    pickle.loads(pickle.dumps(trainer.strategy))  # ddp_spawn pickles it into the processes it starts
+    (tmp_path / "other.ckpt").mkdir()
+    refused = pytest.raises(CheckpointError, match=r"another package's checkpoint.*DDPStrategy reads one checkpoint")
+    with written_by_another_package(tmp_path / "other.ckpt"), refused:
+        trainer.fit(BoringModel(), ckpt_path=tmp_path / "other.ckpt")

@@ -3,20 +3,23 @@ distributions (classes are matched by name)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 import torch
 
 from lightning_strategies.checkpoints import (
+    CheckpointFormat,
     check_checkpoint_file,
     check_trainer_checkpoint,
+    one_file_for,
     reads_torch_save_files,
     staged_checkpoint_io_save,
 )
-from lightning_strategies.checkpoints.checkpoint_io import writes_in_background
+from lightning_strategies.checkpoints.checkpoint_io import ONE_FILE_NAME, writes_in_background
 from lightning_strategies.errors import CheckpointError
-from lightning_strategies.testing import written_by_another_package
+from lightning_strategies.testing import checkpoint_layouts_described, written_by_another_package
 
 
 class TorchCheckpointIO:  # stands for Lightning's, in either distribution
@@ -57,3 +60,71 @@ def test_a_bare_state_dict_is_not_a_trainer_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"no 'state_dict' entry.*model.load_state_dict"):
         check_trainer_checkpoint({"weight": torch.ones(1)}, tmp_path / "weights.pt")
     check_trainer_checkpoint({"state_dict": {}}, tmp_path / "model.ckpt")
+
+
+class _Strategy:  # one process: what one_file_for asks of a strategy
+    is_global_zero = True
+
+    def broadcast(self, obj: object) -> object:
+        return obj
+
+
+def _write_whole(source: str, destination: str, weights_only: bool | None) -> None:
+    torch.save({"state_dict": {"w": torch.ones(1)}, "optimizer_states": [{}], "from": str(source)}, destination)
+
+
+def _fail(source: str, destination: str, weights_only: bool | None) -> None:
+    raise RuntimeError("shard 1 is unreadable")
+
+
+def _convertible(path: Path, converter: str) -> contextlib.AbstractContextManager[None]:
+    layout = CheckpointFormat(
+        "convertible",
+        "a folder of shards",
+        "the sharding strategies",
+        "`convert {path} full.ckpt`",
+        lambda candidate: candidate == path,
+        to_full_checkpoint=f"{__name__}:{converter}",
+    )
+    return checkpoint_layouts_described(layout)
+
+
+def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_path: Path) -> None:
+    """Issue 29 item 2: ddp resumes an FSDP2 DCP folder by ckpt_path alone, through its one-file form."""
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+    with _convertible(folder, "_write_whole"):
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)  # reused, not written again
+        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
+        check_checkpoint_file(folder / ONE_FILE_NAME, TorchCheckpointIO(), "DDPStrategy")
+    file = tmp_path / "model.ckpt"
+    torch.save({"state_dict": {}}, file)
+    assert one_file_for(file, _Strategy()) == file  # one file already
+    with written_by_another_package(tmp_path / "other.ckpt"):  # a layout without to_full_checkpoint: left to refuse
+        (tmp_path / "other.ckpt").mkdir()
+        assert one_file_for(tmp_path / "other.ckpt", _Strategy()) == tmp_path / "other.ckpt"
+
+
+def test_a_failed_conversion_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+    refused = pytest.raises(
+        CheckpointError, match=r"a folder of shards.*shard 1 is unreadable.*the sharding strategies"
+    )
+    with _convertible(folder, "_fail"), refused:
+        one_file_for(folder, _Strategy())
+    assert not (folder / ONE_FILE_NAME).exists()
+
+
+def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> None:
+    """Another node without the folder on a shared file system: rank 0 converted, this rank finds nothing."""
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+
+    class OtherNode(_Strategy):
+        is_global_zero = False
+
+    with _convertible(folder, "_write_whole"), pytest.raises(CheckpointError, match=r"one shared file system.*convert"):
+        one_file_for(folder, OtherNode())

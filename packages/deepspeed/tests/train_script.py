@@ -158,7 +158,11 @@ def train(arguments: argparse.Namespace) -> None:
     model = Regression(arguments.optimizer, scheduler=arguments.scheduler)
     strategy = arguments.strategy
     options = json.loads(arguments.strategy_options)
-    if options:
+    if options and strategy.startswith("fsdp"):  # the cross-strategy matrix: fsdp with state_dict_type="full"
+        from lightning_strategies_fsdp.strategy import FSDP2Strategy
+
+        strategy = FSDP2Strategy(**options)
+    elif options:
         from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
         strategy = DeepSpeedStrategy(**options)

@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 import warnings
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -233,13 +234,50 @@ def _patch_connector(connector: Any, namespace: str) -> None:
                 return init_strategy(self)
             except Exception as error:
                 raise StrategyLookupError(_stand_in_message(name, f"failed: {error}")) from None
-        return init_strategy(self)
+        result = init_strategy(self)
+        if namespace in TRAINER_NAMESPACES:
+            _check_checkpoints_before_loading(getattr(self, "strategy", None), namespace)
+        return result
 
     connector._check_config_and_set_final_flags = check_config_and_set_final_flags
     connector._set_parallel_devices_and_init_accelerator = set_parallel_devices_and_init_accelerator
     connector._check_strategy_and_fallback = check_strategy_and_fallback
     connector._init_strategy = init_strategy_checked
     connector._lightning_strategies_patched = True
+
+
+def _check_checkpoints_before_loading(strategy: Any, namespace: str) -> None:
+    """Give a Trainer strategy that reads checkpoints with Lightning's own ``Strategy.load_checkpoint`` (ddp and the
+    other built-ins) core's check of folders: an FSDP2 DCP folder is converted to one file inside it and resumed
+    (``one_file_for``), another strategy's folder (DeepSpeed's) is refused with what it is and the command that
+    converts it, instead of ``IsADirectoryError``. A file is left to Lightning as before."""
+    base = getattr(sys.modules.get(f"{namespace}.strategies.strategy"), "Strategy", None)
+    if strategy is None or base is None or type(strategy).load_checkpoint is not base.load_checkpoint:
+        return  # a strategy that reads its own formats checks them itself
+    strategy.load_checkpoint = _FolderCheckedLoad(strategy)
+
+
+class _FolderCheckedLoad:
+    """``load_checkpoint`` of one strategy, checking folders first; a picklable object rather than a closure, since
+    ddp_spawn pickles the Trainer and its strategy into the processes it starts."""
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    def __call__(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        from lightning_strategies.checkpoints import (
+            check_checkpoint_file,
+            is_local,
+            one_file_for,
+            reads_torch_save_files,
+        )
+
+        strategy = self.strategy
+        if reads_torch_save_files(strategy.checkpoint_io):
+            checkpoint_path = one_file_for(checkpoint_path, strategy, kwargs.get("weights_only"))
+            if is_local(checkpoint_path) and Path(checkpoint_path).is_dir():
+                check_checkpoint_file(checkpoint_path, strategy.checkpoint_io, type(strategy).__name__)
+        return type(strategy).load_checkpoint(strategy, checkpoint_path, *args, **kwargs)
 
 
 def invalid_name_sentence(name: str) -> str:

@@ -313,6 +313,9 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
                 f"{path} has no 'state_dict' entry, so it is not a Lightning checkpoint. Save a model's weights for "
                 "load_full_weights=True as torch.save({'state_dict': model.state_dict()}, path)."
             )
+        assert self.lightning_module is not None
+        if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
+            _refuse_dropping_optimizer_states(path, checkpoint)
         return checkpoint
 
     @override
@@ -339,6 +342,27 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
 # ZeRO-3, the refusals of StochasticWeightAveraging, BaseFinetuning, GradientAccumulationScheduler and compiled
 # models, the precision plugin. ABC registration makes isinstance() true without inheriting its constructor.
 LightningDeepSpeedStrategy.register(DeepSpeedStrategy)
+
+
+def _refuse_dropping_optimizer_states(path: str, checkpoint: Mapping[str, Any]) -> None:
+    """A resume from one file (load_full_weights=True) restores the weights, schedulers and loops, but DeepSpeed
+    builds its (partitioned) optimizer state afresh: a file that holds optimizer states (ddp's, fsdp's full file) would
+    resume with them dropped, Adam's moments and step counts restarted, and the losses leave the uninterrupted
+    run's (measured: issue 29 item 2). Refused unless the user agreed by loading a file without them."""
+    saved = [state for state in checkpoint.get("optimizer_states") or [] if isinstance(state, Mapping)]
+    held = [state.get("state") or {} for state in saved]
+    if not any(held):
+        return
+    kinds = sorted({name for states in held for state in states.values() for name in state})
+    raise CheckpointError(
+        f"{path} holds the state of {len(saved)} optimizer(s) for {sum(len(states) for states in held)} parameters "
+        f"({', '.join(kinds)}), which DeepSpeedStrategy(load_full_weights=True) cannot load from one file: resuming "
+        "here would drop them (the optimizer would start afresh, its moments and step counts at zero) while the "
+        "weights, learning-rate schedulers and loops resume. Resume this file with a strategy that carries them "
+        '(strategy="ddp" or "fsdp"), or agree to drop them by resuming from a copy without them: '
+        f"`python -c \"import torch; c = torch.load('{path}'); del c['optimizer_states']; "
+        "torch.save(c, 'weights.ckpt')\"`, then ckpt_path='weights.ckpt'."
+    )
 
 
 def _algorithm_name(algorithm: Any) -> str | None:

@@ -22,4 +22,5 @@ DCP = CheckpointFormat(
     "`python -m lightning_strategies_fsdp.convert {path} full.ckpt` writes one file of full weights",
     is_dcp_folder,
     read_weights="lightning_strategies_fsdp.checkpoint:read_weights",
+    to_full_checkpoint="lightning_strategies_fsdp.checkpoint:sharded_to_full",
 )

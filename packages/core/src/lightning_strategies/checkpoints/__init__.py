@@ -12,6 +12,7 @@ Import from ``lightning_strategies.checkpoints``; the modules' other names may c
 from lightning_strategies.checkpoints.checkpoint_io import (
     check_checkpoint_file,
     check_trainer_checkpoint,
+    one_file_for,
     reads_torch_save_files,
     remove_checkpoint_path,
     staged_checkpoint_io_save,
@@ -48,6 +49,7 @@ __all__ = [
     "identify",
     "is_local",
     "load_file",
+    "one_file_for",
     "publish",
     "reads_torch_save_files",
     "recover",

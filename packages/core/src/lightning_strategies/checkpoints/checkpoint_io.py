@@ -10,6 +10,8 @@ in ``pytorch_lightning`` / ``lightning_fabric``, and this module imports neither
 from __future__ import annotations
 
 import contextlib
+import importlib
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from lightning_strategies.checkpoints.formats import FILE, foreign_checkpoint_er
 from lightning_strategies.checkpoints.loading import check_file
 from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 ONE_FILE = "one checkpoint file (what trainer.save_checkpoint, ModelCheckpoint or fabric.save write)"
 
@@ -77,6 +81,53 @@ def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
         check_file(path)
     if identify(path) is not FILE:
         raise foreign_checkpoint_error(path, strategy, here=ONE_FILE)
+
+
+# The one-file form of another strategy's folder, written inside that folder on the first resume that needs it.
+ONE_FILE_NAME = "full.ckpt"
+
+
+def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None) -> Any:
+    """What a strategy that reads one checkpoint file (Lightning's ddp) loads for ``path``: ``path`` itself, or, for
+    another strategy's folder whose package converts it to one file without dropping anything (its format's
+    ``to_full_checkpoint``: FSDP2's DCP folders), that file, written once by global rank 0 into the folder as
+    ``full.ckpt`` and reused by later resumes. Called on every rank together; a failed conversion ends every rank
+    with a ``CheckpointError``. Other folders (DeepSpeed's, whose conversion keeps the weights alone) are left to
+    ``check_checkpoint_file``, which refuses them with the command that converts them."""
+    if not is_local(path) or not Path(path).is_dir():
+        return path
+    found = identify(path)
+    if found is None or not found.to_full_checkpoint:
+        return path
+    target = Path(path) / ONE_FILE_NAME
+    reused = target.is_file()
+    failure = None
+    if strategy.is_global_zero and not reused:
+        module, _, function = found.to_full_checkpoint.partition(":")
+        try:
+            getattr(importlib.import_module(module), function)(path, target, weights_only)
+        except Exception as error:  # every rank raises it, rather than the others waiting for rank 0 forever
+            failure = (
+                f"{path} is {found.description}; {type(strategy).__name__} reads one checkpoint file, so it is "
+                f"converted to one at {target} first, and that failed: {type(error).__name__}: {error} "
+                f"Resume it with {found.read_by}."
+            )
+    failure = strategy.broadcast(failure)
+    if failure is not None:
+        raise CheckpointError(failure)
+    if not target.is_file():
+        raise CheckpointError(
+            f"Rank 0 wrote the one-file form of {path} at {target}, but this process does not see it there: every "
+            f"node must see the checkpoint on one shared file system. Convert it where each node sees it "
+            f"({found.to_full_weights.format(path=path)}) and resume from that file."
+        )
+    how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
+    if strategy.is_global_zero:
+        log.info(
+            f"Resuming {path} ({found.description}) under {type(strategy).__name__} from its one-file form {target} "
+            f"({how}; weights, optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
+        )
+    return str(target)
 
 
 def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:

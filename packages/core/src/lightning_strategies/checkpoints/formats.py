@@ -41,6 +41,12 @@ class CheckpointFormat:
     # the whole model's weights (unsharded, one process, no GPU), with ``weights_only`` as torch.load takes it. Named,
     # not imported, so describing a format imports nothing; empty where the package cannot read it without a GPU.
     read_weights: str = field(compare=False, default="")
+    # "module:function" called as function(source, destination, weights_only) that writes at ``destination`` one
+    # Lightning checkpoint file carrying everything a resume restores: the whole weights, the optimizer states by
+    # parameter name, schedulers and loop state (one process, no GPU). Empty where the package's conversion drops
+    # part of it (DeepSpeed's keeps the weights alone). With it, strategies that read one file (Lightning's ddp)
+    # resume this layout by ckpt_path alone (``checkpoint_io.one_file_for``).
+    to_full_checkpoint: str = field(compare=False, default="")
 
 
 def _is_torch_save_file(path: Path) -> bool:
