@@ -60,6 +60,25 @@ def backend(record: dict[str, Any]) -> str:
     return record["strategy"].split("_", 1)[0]
 
 
+def label(record: dict[str, Any], size: bool = True) -> str:
+    """What a reader needs to tell the configurations apart: size (unless an axis shows it), strategy name,
+    offloaded share, GPUs."""
+    settings = record.get("settings") or {}
+    offloaded = settings.get("offload_optimizer", settings.get("offload_optim_frac"))
+    parts = [f"{billions(record):.1f}B {record['strategy']}" if size else record["strategy"]]
+    if isinstance(offloaded, float) and 0 < offloaded < 1:
+        parts.append(f"{offloaded:.0%} of the optimizer offloaded")
+    if (record.get("devices") or 1) > 1:
+        parts.append(f"{record['devices']} GPUs")
+    if (record.get("accumulate") or 1) > 1:
+        parts.append(f"accumulating {record['accumulate']}")
+    if "unpinned" in record.get("note", ""):
+        parts.append("host chunks unpinned")
+    if record["id"].startswith("h100-"):
+        parts.append("H100")
+    return ", ".join(parts)
+
+
 def write(results: Path) -> list[Path]:
     records = measured_configurations(results)
     if not records:
@@ -71,7 +90,7 @@ def write(results: Path) -> list[Path]:
 
     from tools.benchmark.report import save
 
-    names = [f"{r['id']} ({billions(r):.1f}B)" for r in records]
+    names = [label(record) for record in records]
     positions = range(len(records))
     figure, axes = pyplot.subplots(figsize=(11, 1.2 + 0.4 * len(records)))
     axes.barh(
@@ -85,7 +104,7 @@ def write(results: Path) -> list[Path]:
               color="#fd8d3c", label="host, all processes (peak resident)")  # fmt: skip
     axes.set_yticks(list(positions), names)
     axes.invert_yaxis()
-    axes.set_xlabel("peak memory (GiB) on one H200 (ids h100-: one H100), 128 GiB of host memory")
+    axes.set_xlabel("peak memory (GiB) on one H200 unless marked, 128 GiB of host memory")
     axes.set_title("Where each configuration kept its memory")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     written = [save(figure, results / "which-strategy-memory.png")]
@@ -96,14 +115,14 @@ def write(results: Path) -> list[Path]:
         for record in timed:
             colour = COLOURS.get(backend(record), "#7f7f7f")
             axes.scatter(billions(record), record["speed"]["tokens_per_second"], color=colour, s=40)
-            axes.annotate(record["id"], (billions(record), record["speed"]["tokens_per_second"]),
+            axes.annotate(label(record, size=False), (billions(record), record["speed"]["tokens_per_second"]),
                           textcoords="offset points", xytext=(6, 4), fontsize=8)  # fmt: skip
         for name, colour in COLOURS.items():
             if any(backend(r) == name for r in timed):
                 axes.scatter([], [], color=colour, label=name)
         axes.set_yscale("log")
         axes.set_xlabel("model size (billions of parameters)")
-        axes.set_ylabel("tokens/s on one H200 (ids h100-: one H100), log scale")
+        axes.set_ylabel("tokens/s on one H200 unless marked, log scale")
         axes.set_title("Speed against model size (settings and workloads: docs/which-strategy.md)")
         axes.legend()
         written.append(save(figure, results / "which-strategy-throughput.png"))
