@@ -209,5 +209,12 @@ def test_lightnings_ddp_names_another_strategys_folder_instead_of_opening_it(reg
     pickle.loads(pickle.dumps(trainer.strategy))  # ddp_spawn pickles it into the processes it starts
     (tmp_path / "other.ckpt").mkdir()
     refused = pytest.raises(CheckpointError, match=r"another package's checkpoint.*DDPStrategy reads one checkpoint")
-    with written_by_another_package(tmp_path / "other.ckpt"), refused:
-        trainer.fit(BoringModel(), ckpt_path=tmp_path / "other.ckpt")
+    try:
+        with written_by_another_package(tmp_path / "other.ckpt"), refused:
+            trainer.fit(BoringModel(), ckpt_path=tmp_path / "other.ckpt")
+    finally:
+        # ddp joined a process group of one in this process, and a refused fit leaves it: later tests start their own.
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
