@@ -4,6 +4,7 @@ distributions (classes are matched by name)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,11 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
         written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)  # reused, not written again
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
+        # The folder saved again in place (Lightning's FSDPStrategy does): its one-file form is stale, written again.
+        (folder / "__0_0.distcp").write_bytes(b"newer shard")
+        os.utime(folder / "__0_0.distcp", ns=(written + 10**9, written + 10**9))
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
         check_checkpoint_file(folder / ONE_FILE_NAME, TorchCheckpointIO(), "DDPStrategy")
     file = tmp_path / "model.ckpt"
     torch.save({"state_dict": {}}, file)
@@ -119,12 +125,15 @@ def test_a_failed_conversion_is_refused_and_leaves_nothing(tmp_path: Path) -> No
 
 
 def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> None:
-    """Another node without the folder on a shared file system: rank 0 converted, this rank finds nothing."""
+    """Another node without the folder on a shared file system: rank 0 converted, this rank finds nothing, and
+    follows rank 0's answer rather than its own view of the folder (which it does not see at all)."""
     folder = tmp_path / "sharded.ckpt"
-    folder.mkdir()
 
     class OtherNode(_Strategy):
         is_global_zero = False
 
-    with _convertible(folder, "_write_whole"), pytest.raises(CheckpointError, match=r"one shared file system.*convert"):
+        def broadcast(self, obj: object) -> object:  # what rank 0 answered
+            return str(folder / ONE_FILE_NAME), None, f"`convert {folder} full.ckpt`"
+
+    with pytest.raises(CheckpointError, match=r"one shared file system.*convert"):
         one_file_for(folder, OtherNode())

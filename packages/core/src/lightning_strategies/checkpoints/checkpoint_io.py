@@ -90,44 +90,65 @@ ONE_FILE_NAME = "full.ckpt"
 def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None) -> Any:
     """What a strategy that reads one checkpoint file (Lightning's ddp) loads for ``path``: ``path`` itself, or, for
     another strategy's folder whose package converts it to one file without dropping anything (its format's
-    ``to_full_checkpoint``: FSDP2's DCP folders), that file, written once by global rank 0 into the folder as
-    ``full.ckpt`` and reused by later resumes. Called on every rank together; a failed conversion ends every rank
-    with a ``CheckpointError``. Other folders (DeepSpeed's, whose conversion keeps the weights alone) are left to
-    ``check_checkpoint_file``, which refuses them with the command that converts them."""
-    if not is_local(path) or not Path(path).is_dir():
+    ``to_full_checkpoint``: FSDP2's DCP folders), that file, written by global rank 0 into the folder as
+    ``full.ckpt`` and reused by later resumes while it is newer than every other file there. Called on every rank
+    together: rank 0 decides and converts, and the others follow its answer, so that no rank leaves the collective
+    because it sees the folder otherwise (a node without the shared file system sees nothing). A failed conversion
+    ends every rank with a ``CheckpointError``. Other folders (DeepSpeed's, whose conversion keeps the weights
+    alone) are left to ``check_checkpoint_file``, which refuses them with the command that converts them."""
+    if not is_local(path):
         return path
+    answer: tuple[str | None, str | None, str] = (None, None, "")
+    if strategy.is_global_zero:
+        answer = _one_file_on_rank_zero(Path(path), type(strategy).__name__, weights_only)
+    target, failure, by_hand = strategy.broadcast(answer)
+    if failure is not None:
+        raise CheckpointError(failure)
+    if target is None:
+        return path
+    if not Path(target).is_file():
+        raise CheckpointError(
+            f"Rank 0 wrote the one-file form of {path} at {target}, but this process does not see it there: every "
+            f"node must see the checkpoint on one shared file system. Convert it where each node sees it ({by_hand}) "
+            "and resume from that file."
+        )
+    return target
+
+
+def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None) -> tuple[str | None, str | None, str]:
+    """(the file to load, or None for ``path`` itself; the failure every rank raises, or None; the by-hand route)."""
+    if not path.is_dir():
+        return None, None, ""
     found = identify(path)
     if found is None or not found.to_full_checkpoint:
-        return path
-    target = Path(path) / ONE_FILE_NAME
-    reused = target.is_file()
-    failure = None
-    if strategy.is_global_zero and not reused:
+        return None, None, ""
+    target = path / ONE_FILE_NAME
+    reused = _newer_than_the_rest(target, path)
+    if not reused:
         module, _, function = found.to_full_checkpoint.partition(":")
         try:
             getattr(importlib.import_module(module), function)(path, target, weights_only)
         except Exception as error:  # every rank raises it, rather than the others waiting for rank 0 forever
             failure = (
-                f"{path} is {found.description}; {type(strategy).__name__} reads one checkpoint file, so it is "
-                f"converted to one at {target} first, and that failed: {type(error).__name__}: {error} "
-                f"Resume it with {found.read_by}."
+                f"{path} is {found.description}; {strategy} reads one checkpoint file, so it is converted to one at "
+                f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}."
             )
-    failure = strategy.broadcast(failure)
-    if failure is not None:
-        raise CheckpointError(failure)
-    if not target.is_file():
-        raise CheckpointError(
-            f"Rank 0 wrote the one-file form of {path} at {target}, but this process does not see it there: every "
-            f"node must see the checkpoint on one shared file system. Convert it where each node sees it "
-            f"({found.to_full_weights.format(path=path)}) and resume from that file."
-        )
+            return None, failure, ""
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
-    if strategy.is_global_zero:
-        log.info(
-            f"Resuming {path} ({found.description}) under {type(strategy).__name__} from its one-file form {target} "
-            f"({how}; weights, optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
-        )
-    return str(target)
+    log.info(
+        f"Resuming {path} ({found.description}) under {strategy} from its one-file form {target} ({how}; weights, "
+        "optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
+    )
+    return str(target), None, found.to_full_weights.format(path=path)
+
+
+def _newer_than_the_rest(target: Path, folder: Path) -> bool:
+    """Whether ``target`` was written after every other file in ``folder``: a folder saved again in place (as
+    Lightning's FSDPStrategy saves) or copied over makes it stale."""
+    if not target.is_file():
+        return False
+    written = target.stat().st_mtime_ns
+    return all(other.stat().st_mtime_ns <= written for other in folder.iterdir() if other != target and other.is_file())
 
 
 def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:
