@@ -127,6 +127,14 @@ def test_a_folder_saved_without_checksums_loads_unverified_and_says_so(reference
         load(folder)
 
 
+def test_a_shard_whose_checksum_record_is_lost_loads_unverified(reference_run: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "half-recorded.ckpt"
+    shutil.copytree(reference_run / "sharded_4", folder)
+    (folder / ".checksums-1.json").unlink()
+    with pytest.warns(UserWarning, match=r"no recorded checksum for __1_0.distcp"):
+        load(folder)
+
+
 def test_damaged_full_checkpoint_file_is_refused_with_the_fix(reference_run: Path, tmp_path: Path) -> None:
     truncated = tmp_path / "truncated.ckpt"
     shutil.copy(reference_run / "full_4.ckpt", truncated)

@@ -109,7 +109,7 @@ def _convert_once(
     if target.exists():
         recorded = _recorded_source(target)
         if recorded is None:
-            raise CheckpointError(
+            raise _Unconvertible(
                 f"{target} exists and was not written by this conversion; it is left as it is. Move it away to "
                 "resume here, or convert by hand into another folder."
             )

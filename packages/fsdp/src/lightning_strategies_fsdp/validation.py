@@ -16,6 +16,7 @@ import enum
 import io
 import pickle
 import sys
+import warnings
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -202,6 +203,13 @@ class _CheckedReader(FileSystemReader):
     def read_data(self, plan: Any, planner: Any) -> Any:
         # Each rank verifies the shards its own part of the load reads; DCP gathers a failure to every rank.
         names = {self.storage_data[item.storage_index].relative_path for item in plan.items}
+        unrecorded = sorted(names - self._checksums.keys()) if self._checksums else []
+        if unrecorded:  # the others have checksums: this rank's record was lost or damaged after the save
+            warnings.warn(
+                f"{self._folder} has no recorded checksum for {', '.join(unrecorded)} (its .checksums-<rank>.json is "
+                "missing or unreadable), though it has them for other shards: these are loaded unverified.",
+                stacklevel=2,
+            )
         for name, found, recorded in mismatches(self._folder, names, self._checksums):
             raise CheckpointError(
                 f"{self._folder / name} is damaged: its CRC-32 is {found:08x}, where the save recorded "

@@ -97,23 +97,29 @@ def identify(path: str | Path, formats: Iterable[CheckpointFormat] | None = None
 
 
 def earlier_checkpoint_advice(damaged: str | Path) -> str:
-    """What to do instead of loading ``damaged`` (a checkpoint, or a file inside one): resume from the newest other
-    checkpoint beside it, named where there is one, or copy this one again."""
+    """What to do instead of loading ``damaged`` (a checkpoint, or a file inside one): resume from the newest
+    checkpoint saved before it beside it, named where there is one, or copy this one again."""
     checkpoint = _enclosing_checkpoint(Path(damaged))
     try:
-        siblings = [
-            path
+        written = checkpoint.stat().st_mtime
+        damaged_target = checkpoint.resolve()
+        # A link to the damaged checkpoint (ModelCheckpoint's save_last="link") is no other checkpoint.
+        earlier = [
+            (path.stat().st_mtime, path)
             for path in checkpoint.parent.iterdir()
-            if path != checkpoint and not path.name.startswith(".") and identify(path) is not None
+            if not path.name.startswith(".")
+            and path.resolve() != damaged_target
+            and path.stat().st_mtime <= written
+            and identify(path) is not None
         ]
     except OSError:
-        siblings = []
-    if not siblings:
+        earlier = []
+    if not earlier:
         return "Resume from an earlier checkpoint, or copy this one again from where it came from."
-    newest = max(siblings, key=lambda path: path.stat().st_mtime)
+    newest = max(earlier)[1]
     return (
-        f"Resume from an earlier checkpoint (the newest other one beside it: ckpt_path={str(newest)!r}), or copy "
-        "this one again from where it came from."
+        f"Resume from an earlier checkpoint (the newest beside it: ckpt_path={str(newest)!r}), or copy this one "
+        "again from where it came from."
     )
 
 
