@@ -235,3 +235,20 @@ def test_the_exported_folder_is_readable_as_the_umask_allows(saved: Path, tmp_pa
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_a_fabric_state_records_its_model_under_its_key_and_keeps_the_users_entries() -> None:
+    """Fabric saves a transformers model itself (the root of the module saved): it is recorded under the state's
+    key; a user's own entry named like the record is left as it is, and a load hands the record back to nobody."""
+    import transformers
+
+    model = transformers.LlamaForCausalLM(conformance.tiny_config("llama"))
+    saved: dict = {}
+    hf.record_models(saved, model, under="model")
+    assert list(hf.recorded_models(saved)) == ["model"]  # the root, not its inner LlamaModel too
+    assert hf.recorded_models(saved)["model"]["class"] == "LlamaForCausalLM"
+    assert hf.without_record({"step": 3, **saved}, state={"model": model}) == {"step": 3}
+    users = {"hugging_face": "my notes"}
+    hf.record_models(users, model, under="model")
+    assert users == {"hugging_face": "my notes"}
+    assert hf.without_record({"hugging_face": "my notes"}, state={}) == {"hugging_face": "my notes"}

@@ -26,7 +26,7 @@ from typing_extensions import override
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import weights_only_keyword
-from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models
+from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models, without_record
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import universal
@@ -252,7 +252,8 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
                     state[key].load_state_dict(value)
                 else:
                     state[key] = value
-        return {key: value for key, value in client_state.items() if key not in ("optimizer", "lr_scheduler")}
+        remainder = {key: value for key, value in client_state.items() if key not in ("optimizer", "lr_scheduler")}
+        return without_record(remainder, state)
 
 
 # Fabric checks for its DeepSpeed strategy by class in backward (which engine a loss belongs to), in

@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from lightning_strategies import constructor_for
 from lightning_strategies.checkpoints import load_file
-from lightning_strategies.hugging_face import record_models
+from lightning_strategies.hugging_face import record_models, without_record
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
@@ -173,7 +173,7 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
                 state[key].load_state_dict(rest.pop(key))
             else:
                 state[key] = rest.pop(key)
-        return rest
+        return without_record(rest, state)
 
     def _load_raw_module(self, path: Path, module: Module, strict: bool, weights_only: bool | None) -> dict[str, Any]:
         """fabric.load_raw: one file holding the module's full state dict, as torch.save(model.state_dict()) writes."""

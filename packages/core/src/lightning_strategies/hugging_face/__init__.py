@@ -9,7 +9,7 @@
 Importing this package imports neither torch nor ``transformers``.
 """
 
-from lightning_strategies.hugging_face.export import export, record_models, recorded_models
+from lightning_strategies.hugging_face.export import export, record_models, recorded_models, without_record
 from lightning_strategies.hugging_face.initialization import initialize, lora_layers, move_buffers
 from lightning_strategies.hugging_face.models import hugging_face_models
 from lightning_strategies.hugging_face.pretrained import (
@@ -33,4 +33,5 @@ __all__ = [
     "pretrained_tensors",
     "record_models",
     "recorded_models",
+    "without_record",
 ]

@@ -32,8 +32,8 @@ def record_models(checkpoint: dict[str, Any], module: Any, under: str = "") -> N
     Each model is recorded under its name in the saved weights: its attribute path in ``module``, after ``under``,
     the key a Fabric state gives the module (``"model"`` for ``fabric.save(path, {"model": model, ...})``).
     """
-    if module is None:
-        return
+    if module is None or (RECORD_KEY in checkpoint and _record(checkpoint[RECORD_KEY]) is None):
+        return  # a Fabric state's own entry of that name is the user's, left as it is
     described = recorded_models(checkpoint)
     inside = [prefix for prefix in described if prefix == under or prefix.startswith(f"{under}.")]
     for prefix, child in module.named_modules():
@@ -56,7 +56,24 @@ def record_models(checkpoint: dict[str, Any], module: Any, under: str = "") -> N
 def recorded_models(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """What ``record_models`` wrote in ``checkpoint``: each model's name in the saved weights, with its class, config
     and adapters (empty where none was recorded)."""
-    return json.loads(checkpoint.get(RECORD_KEY) or "{}")
+    return _record(checkpoint.get(RECORD_KEY, "{}")) or {}
+
+
+def without_record(remainder: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """What a Fabric load returns of a checkpoint, less the record of its models (unless the user's ``state`` asked
+    for an entry of that name): the record is ours, and Fabric's remainder is the user's."""
+    if RECORD_KEY not in state and _record(remainder.get(RECORD_KEY)) is not None:
+        remainder.pop(RECORD_KEY)
+    return remainder
+
+
+def _record(value: Any) -> dict[str, Any] | None:
+    """The record ``record_models`` writes (JSON text of an object), or None for anything else."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _transformers_class(model: Any) -> str:
