@@ -58,6 +58,11 @@ class Configuration:
     # Micro-batches per optimizer step (Trainer's accumulate_grad_batches): more tokens for each optimizer step,
     # which with an offloaded optimizer is what MFU follows. --steps counts optimizer steps.
     accumulate: int = 1
+    # Launched as this many torchrun "nodes" on this machine, ``devices`` GPUs each; host peaks are per node.
+    nodes: int = 1
+    # Strategy arguments the memory model does not read (speed settings): passed to the strategy, not matched
+    # against the planner's candidates.
+    tuning: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # Sizes that fit one H200 (139 GiB) for each strategy, spread over no offload, partial and full offload.
@@ -129,7 +134,39 @@ LARGEST = [
                   {"stage": 3, "offload_optimizer": True, "offload_parameters": True}, micro_batch=8,
                   activation_checkpointing=True, same_batch=True, accumulate=8),
 ]  # fmt: skip
-BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST}
+# Four GPUs of one machine (4 x H200): the plan's peaks per GPU and per node, a model no single GPU holds, and two
+# torchrun "nodes" of two GPUs each on the same machine (each node's host peak is measured apart).
+FOUR_GPUS = [
+    Configuration("fsdp-4x-1.3b", "fsdp", "1.3b", devices=4),
+    Configuration("ds3-4x-1.3b", "deepspeed_stage_3", "1.3b", {"stage": 3}, devices=4),
+    Configuration("gemini-cuda-4x-1.3b", "colossalai_cuda", "1.3b", devices=4),
+    Configuration("fsdp-4x-20b", "fsdp", "20b", devices=4, activation_checkpointing=True),
+    Configuration("ds3-4x-20b", "deepspeed_stage_3", "20b", {"stage": 3}, devices=4, activation_checkpointing=True),
+    Configuration("gemini-cuda-4x-20b", "colossalai_cuda", "20b", devices=4, activation_checkpointing=True),
+    Configuration("fsdp-2x2-6.7b", "fsdp", "6.7b", devices=2, nodes=2),
+    Configuration("ds3-2x2-6.7b", "deepspeed_stage_3", "6.7b", {"stage": 3}, devices=2, nodes=2),
+]
+# What each sharding name's speed on four GPUs depends on (issue 30): the same 1.3B run with one setting changed.
+# ZeRO-3's are DeepSpeed config keys, so they pass as a whole config (the strategy then builds none of its own).
+_ZERO3 = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 200_000_000}
+TUNING_4X = [
+    Configuration("ds3-4x-1.3b-prefetch-2e8", "deepspeed_stage_3", "1.3b", {"stage": 3}, devices=4,
+                  tuning={"config": {"zero_optimization": {**_ZERO3, "stage3_prefetch_bucket_size": 200_000_000},
+                                     "zero_allow_untested_optimizer": True}}),
+    Configuration("ds3-4x-1.3b-buckets-5e8", "deepspeed_stage_3", "1.3b", {"stage": 3}, devices=4,
+                  tuning={"config": {"zero_optimization": {**_ZERO3, "stage3_prefetch_bucket_size": 500_000_000,
+                                                           "reduce_bucket_size": 500_000_000,
+                                                           "stage3_max_live_parameters": 3_000_000_000},
+                                     "zero_allow_untested_optimizer": True}}),
+    Configuration("ds3-4x-1.3b-no-overlap", "deepspeed_stage_3", "1.3b", {"stage": 3}, devices=4,
+                  tuning={"config": {"zero_optimization": {**_ZERO3, "overlap_comm": False},
+                                     "zero_allow_untested_optimizer": True}}),
+    Configuration("gemini-cuda-4x-1.3b-pinned", "colossalai_cuda", "1.3b", devices=4, tuning={"pin_memory": True}),
+    Configuration("gemini-cuda-4x-1.3b-prefetch-2", "colossalai_cuda", "1.3b", devices=4, tuning={"max_prefetch": 2}),
+    Configuration("gemini-cuda-4x-1.3b-pinned-prefetch-2", "colossalai_cuda", "1.3b", devices=4,
+                  tuning={"pin_memory": True, "max_prefetch": 2}),
+]  # fmt: skip
+BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST + FOUR_GPUS + TUNING_4X}
 # Small enough for a CPU run of the harness itself (no GPU peak is measured there).
 CPU_SMOKE = Configuration("cpu-smoke", "fsdp", "tiny", micro_batch=2, length=64)
 
@@ -161,7 +198,12 @@ def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_
         precision=configuration.precision,
         activation_checkpointing=configuration.activation_checkpointing,
     )
-    machine = Machine(configuration.devices, int(gpu_memory_gib * GIB), int(host_memory_gib * GIB))
+    machine = Machine(
+        configuration.devices * configuration.nodes,
+        int(gpu_memory_gib * GIB),
+        int(host_memory_gib * GIB),
+        nodes=configuration.nodes,
+    )
     result = plan_for(workload, machine)
     # Lightning's built-in is predicted as our strategy of the same name and settings: DeepSpeed gets the same config.
     ours = configuration.strategy.removeprefix(BUILTIN)
@@ -287,22 +329,27 @@ def measure(
         spec.write_text(json.dumps({**dataclasses.asdict(configuration), "settings": settings, "steps": steps,
                                     "accelerator": accelerator, "results": scratch}))  # fmt: skip
         environment = {**os.environ, "PYTHONPATH": str(REPOSITORY) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tools.benchmark.memory_accuracy", "--child", str(spec)],
-            cwd=REPOSITORY,
-            env=environment,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        sampler = TreeSampler(process.pid, limit=host_limit)
-        sampler.start()
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_tree(process.pid)
-            output, _ = process.communicate()
-        host_peak = sampler.stop()
+        child_command = ["-m", "tools.benchmark.memory_accuracy", "--child", str(spec)]
+        processes = [
+            subprocess.Popen(
+                [sys.executable, *launcher(configuration, node), *child_command],
+                cwd=REPOSITORY,
+                env={**environment, **node_devices(configuration, node, accelerator)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for node in range(configuration.nodes)
+        ]
+        # One sampler per node: host memory is what each node's processes hold, as the planner predicts it.
+        samplers = [TreeSampler(process.pid, limit=host_limit) for process in processes]
+        for sampler in samplers:
+            sampler.start()
+        outputs = [read_output(process, timeout) for process in processes]
+        node_peaks = [sampler.stop() for sampler in samplers]
+        node = max(range(len(node_peaks)), key=node_peaks.__getitem__)
+        sampler, output = samplers[node], "\n".join(outputs)
+        host_peak = node_peaks[node]
         if sampler.stopped_at is not None:
             output += (
                 f"\nStopped by the harness {sampler.stopped_at} s in: the process tree's resident memory passed "
@@ -313,11 +360,39 @@ def measure(
         records = [json.loads(path.read_text()) for path in ranks]
         gpu_peaks = [record["max_memory_allocated"] for record in records]
         stages = [json.loads(path.read_text()) for path in sorted(Path(scratch).glob("stages-*.json"))]
-        failure = None if process.returncode == 0 and gpu_peaks else output[-3000:]
+        returned = all(launched.returncode == 0 for launched in processes)
+        failure = None if returned and gpu_peaks else output[-3000:]
         if failure:
             print(json.dumps({"host_timeline_gib": sampler.timeline}))
         speed = records[0]["speed"] and {**records[0]["speed"], "phases": records[0]["phases"]} if records else None
         return gpu_peaks, host_peak, stages, speed, failure, sampler.stopped_at
+
+
+def launcher(configuration: Configuration, node: int) -> list[str]:
+    """The arguments before the child's module: none for one node (the Trainer starts the ranks), torchrun for
+    each of several "nodes" on this machine."""
+    if configuration.nodes == 1:
+        return []
+    return ["-m", "torch.distributed.run", f"--nnodes={configuration.nodes}", f"--node-rank={node}",
+            f"--nproc-per-node={configuration.devices}", "--master-addr=127.0.0.1", "--master-port=29533"]  # fmt: skip
+
+
+def node_devices(configuration: Configuration, node: int, accelerator: str) -> dict[str, str]:
+    """Each "node" on this machine sees its own GPUs, as a node of its own would (NCCL refuses two ranks on one)."""
+    if configuration.nodes == 1 or accelerator != "cuda":
+        return {}
+    first = node * configuration.devices
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + index) for index in range(configuration.devices))}
+
+
+def read_output(process: subprocess.Popen, timeout: float) -> str:
+    """Everything ``process`` printed, killing its tree at ``timeout`` seconds."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(process.pid)
+        output, _ = process.communicate()
+    return output
 
 
 def resident_gib() -> tuple[float, float]:
@@ -435,7 +510,7 @@ def child(spec_path: Path) -> None:
     if name.startswith(BUILTIN):  # its settings are those its name stands for
         strategy = builtin_strategy(name.removeprefix(BUILTIN))
     else:
-        strategy = get_registry().resolve(name, **spec["settings"])
+        strategy = get_registry().resolve(name, **spec["settings"], **spec["tuning"])
     stages = host_stages_callback(Path(spec["results"], f"stages-{rank()}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
     phases = phase_times_callback()
@@ -443,6 +518,7 @@ def child(spec_path: Path) -> None:
         callbacks=[stages, steps, phases],
         accelerator=spec["accelerator"],
         devices=spec["devices"],
+        num_nodes=spec["nodes"],
         strategy=strategy,
         precision=spec["precision"],
         max_steps=spec["steps"],
@@ -580,8 +656,10 @@ def main(argv: list[str] | None = None) -> None:
         child(arguments.child)
         return
     if arguments.list:
-        for configuration in CONFIGURATIONS + LARGEST:
-            print(f"{configuration.id:24} {configuration.strategy:28} {configuration.size:6} x{configuration.devices}")
+        for configuration in BY_ID.values():
+            nodes = f"{configuration.nodes}x" if configuration.nodes > 1 else ""
+            count = f"{nodes}{configuration.devices}"
+            print(f"{configuration.id:40} {configuration.strategy:28} {configuration.size:6} x{count}")
         return
     if arguments.cpu_smoke:
         chosen = [CPU_SMOKE]

@@ -328,5 +328,5 @@ def new_session(
 
 def default_label(info: dict[str, Any], settings: dict[str, Any]) -> str:
     device = (info.get("device") or "cpu").replace("NVIDIA ", "").split()[0].lower()
-    what = settings.get("preset") or settings.get("search_largest", "").replace(":", "-") or "custom"
+    what = settings.get("preset") or (settings.get("search_largest") or "").replace(":", "-") or "custom"
     return f"{info['date']}-{device}-{what}-{settings['devices'][-1]}x"

@@ -398,3 +398,30 @@ def test_lightning_builtin_is_predicted_as_our_strategy_of_the_same_settings() -
     predicted = prediction(builtin, 139, 125)
     assert predicted["strategy"] == "deepspeed_stage_3_offload" and predicted["settings"] == builtin.settings
     assert predicted["fits"] is False  # every state offloaded: far more than 125 GiB of host memory
+
+
+def test_two_nodes_on_one_machine_launch_under_torchrun_each_with_its_own_gpus() -> None:
+    from tools.benchmark.memory_accuracy import BY_ID, launcher, node_devices
+
+    two_nodes = BY_ID["ds3-2x2-6.7b"]
+    assert [argument for argument in launcher(two_nodes, 1) if "node" in argument] == [
+        "--nnodes=2", "--node-rank=1", "--nproc-per-node=2",
+    ]  # fmt: skip
+    assert [node_devices(two_nodes, node, "cuda") for node in (0, 1)] == [
+        {"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"},
+    ]  # fmt: skip
+    assert launcher(BY_ID["fsdp-4x-20b"], 0) == [] and node_devices(BY_ID["fsdp-4x-20b"], 0, "cuda") == {}
+
+
+def test_two_nodes_are_predicted_with_each_nodes_host_memory() -> None:
+    pytest.importorskip("lightning_strategies_deepspeed")
+    import dataclasses
+
+    from tools.benchmark.memory_accuracy import BY_ID, prediction
+
+    two_nodes = BY_ID["ds3-2x2-6.7b"]
+    one_node = dataclasses.replace(two_nodes, devices=4, nodes=1)
+    per_node, whole = prediction(two_nodes, 139, 500), prediction(one_node, 139, 500)
+    # The same four processes sharding the same model: equal GPU peaks, and each node's host holds two of them.
+    assert per_node["gpu_peak_gib"] == whole["gpu_peak_gib"]
+    assert per_node["host_peak_gib"] < whole["host_peak_gib"]

@@ -56,6 +56,7 @@ class GeminiSettings:
     offload_optim_frac: float | None = None
     offload_param_frac: float | None = None
     pin_memory: bool | None = None
+    max_prefetch: int = 0
 
     def __post_init__(self) -> None:
         check_choice(STRATEGY, "placement_policy", self.placement_policy, PLACEMENTS)
@@ -69,7 +70,7 @@ class GeminiSettings:
             _check_positive_int("chunk_size", self.chunk_size)
         for name in ("chunk_search_n_grids", "growth_interval", "hysteresis"):
             _check_positive_int(name, getattr(self, name))
-        for name in ("chunk_search_range", "min_chunk_size"):
+        for name in ("chunk_search_range", "min_chunk_size", "max_prefetch"):
             check_type(STRATEGY, name, getattr(self, name), int)
             if getattr(self, name) < 0:
                 raise ValueError(f"{STRATEGY}({name}={getattr(self, name)!r}) must be zero or positive.")
@@ -268,6 +269,7 @@ def gemini_plugin_arguments(
         # (not measured yet). pin_memory=True restores ColossalAI's default.
         "enable_async_reduce": settings.pinned,
         "pin_memory": settings.pinned,
+        "max_prefetch": settings.max_prefetch,
         "max_norm": float(gradient_clip_val or 0.0),
         **{name: getattr(settings, name) for name in LOSS_SCALER_DEFAULTS},
     }

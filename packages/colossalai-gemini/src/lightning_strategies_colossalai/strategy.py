@@ -77,6 +77,7 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
         offload_optim_frac: float | None = None,
         offload_param_frac: float | None = None,
         pin_memory: bool | None = None,
+        max_prefetch: int = 0,
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -123,6 +124,8 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
             offload_param_frac: With placement "static" and ``offload_optim_frac=1``: 1 offloads the 16-bit chunks.
             pin_memory: Pinned host copies of every chunk and asynchronous reduction (ColossalAI's default); by
                 default only with placement "cpu".
+            max_prefetch: Chunks gathered ahead of the operation that needs them (GeminiDDP's ``max_prefetch``),
+                so that gathering overlaps computation on several GPUs; 0 gathers each chunk when it is needed.
             accelerator: The accelerator; must be CUDA.
             parallel_devices: The devices to train on (set by the Trainer).
             cluster_environment: The cluster environment (set by the Trainer).
