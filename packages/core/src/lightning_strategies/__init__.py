@@ -44,6 +44,7 @@ PUBLIC_MODULES = (
     "lightning_strategies.planning",
     "lightning_strategies.precision",
     "lightning_strategies.ranks",
+    "lightning_strategies.speed",
     "lightning_strategies.testing",
 )
 

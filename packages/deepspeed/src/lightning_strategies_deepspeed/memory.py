@@ -58,9 +58,13 @@ FITTED: dict[str, Fitted] = {
     ),
     "ZERO3_SETUP_HOST_BYTES": Fitted(
         2,
-        "host bytes per parameter in each process while ZeRO-3 without parameter offload sets up: a 16-bit copy "
-        "of the parameters passes through",
-        ("docs/results/2026-11-23-h200-memory-accuracy-1x.json",),
+        "host bytes per parameter of its partition in each process while ZeRO-3 without parameter offload sets up: "
+        "DeepSpeed defragments the 16-bit partition through a host buffer (runtime/zero/utils.py, defragment), freed "
+        "before training",
+        (
+            "docs/results/2026-11-23-h200-memory-accuracy-1x.json",
+            "docs/results/2026-11-28-h200x4-memory-accuracy.json",
+        ),
     ),
 }
 OFFLOAD_HOST_OVERHEAD_BYTES = FITTED["OFFLOAD_HOST_OVERHEAD_BYTES"].value
@@ -150,8 +154,8 @@ def predict(
         setup = ratio * count * (states.master + FP32_GRADIENT_BYTES) + states.gradients * count
         host_states = max(host_states, setup * node_share)
     if stage == 3 and not setting.offload_parameters:
-        # Set-up passes a 16-bit copy of the parameters through host memory in each process.
-        host_states = max(host_states, per_node * count * ZERO3_SETUP_HOST_BYTES)
+        # Set-up passes each process's 16-bit partition through host memory (on 4 x H200 at 20B: 9.7 GiB a rank).
+        host_states = max(host_states, node_share * count * ZERO3_SETUP_HOST_BYTES)
     nvme = offloaded * node_share if setting.nvme else 0.0
     # After fit, Lightning's Strategy.teardown (which DeepSpeed's strategies keep) moves the module and the
     # optimizer's state to the CPU. Below ZeRO-3 the module's 16-bit weights come along, on top of whatever the

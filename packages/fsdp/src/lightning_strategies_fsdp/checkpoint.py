@@ -418,7 +418,8 @@ def _model_entries(metadata: Metadata, rest: dict[str, Any]) -> set[str] | None:
     saved = {where[0] for where in (metadata.planner_data or {}).values()} | set(metadata.state_dict_metadata)
     if "state_dict" in saved:
         return {"state_dict"}
-    recorded = {prefix.split(".", 1)[0] for prefix in recorded_models(rest)}
+    # A recorded name is the state key the model was saved under, then its path inside; the key may hold dots.
+    recorded = {key for key in saved for name in recorded_models(rest) if name == key or name.startswith(f"{key}.")}
     return recorded or None
 
 

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from typing_extensions import override
 
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
+from lightning_strategies.speed import SpeedMonitor, flops_per_token
 
 __all__ = [
     "EVERY_CASE",
@@ -290,15 +291,16 @@ def run(
         case, pretrained, learning_rate=1e-2 if case.mode == "lora" else 1e-3,
         optimizer=optimizer_for(strategy),
     )  # fmt: skip
+    speed = SpeedMonitor(peak_flops=1e12)  # counts the model's FLOPs as the strategy holds it, sharded or not
     trainer = Trainer(
         strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
-        use_distributed_sampler=False, default_root_dir=folder / case.name, **QUIET_TRAINER,
+        use_distributed_sampler=False, default_root_dir=folder / case.name, callbacks=[speed], **QUIET_TRAINER,
     )  # fmt: skip
     before: Any = trainer.predict(module)
     trainer.fit(module)
     after: Any = trainer.predict(module)
     trainer.strategy.barrier()
-    result: dict[str, Any] = {"case": asdict(case), "losses": module.losses}
+    result: dict[str, Any] = {"case": asdict(case), "losses": module.losses, "flops_per_token": speed.flops_per_token}
     if trainer.is_global_zero:
         torch.save({"before": before[0], "after": after[0]}, folder / case.name / "logits.pt")
         trainable = [name for name, parameter in module.named_parameters() if parameter.requires_grad]
@@ -340,7 +342,8 @@ def run_fabric(
         after = model(input_ids=data(case.family, 16, seed=1).tensors[0].to(fabric.device)).logits.float().cpu()
     run_folder = folder / case.name
     run_folder.mkdir(parents=True, exist_ok=True)
-    fabric.save(run_folder / "fabric.ckpt", {"model": model, "optimizer": optimizer, "step": case.steps})
+    # A state key with a dot, as users write them: export must find the model under it all the same.
+    fabric.save(run_folder / "fabric.ckpt", {"language.model": model, "optimizer": optimizer, "step": case.steps})
     fabric.barrier()
     if fabric.global_rank == 0:
         torch.save({"after": after}, run_folder / "logits.pt")
@@ -457,7 +460,8 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
       constants, same spreads), read exactly from a checkpoint (a new head, such as BERT's classifier, drawn alike);
       the predictions of a checkpoint's model are those of ``transformers`` loading the same folder;
     - training lowers the loss, and a LoRA case trains only its adapters;
-    - the exported folder loads with ``from_pretrained`` and predicts what the trained model predicted.
+    - the exported folder loads with ``from_pretrained`` and predicts what the trained model predicted;
+    - ``SpeedMonitor`` counts the FLOPs of the whole model however the strategy shards it (Trainer runs).
 
     ``atol`` bounds the predictions' differences; ``rtol`` the weights read from a checkpoint (0: exactly; a
     strategy whose master weights are made from 16-bit copies, DeepSpeed's in bf16, rounds them to 2**-8, Gemini's
@@ -500,7 +504,17 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
         if case.mode == "lora" and result["trained_beside_adapters"]:
             problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
         problems += _export_problems(folder, case, logits["after"], atol)
+        problems += _flops_problems(case, result.get("flops_per_token"))
     return report
+
+
+def _flops_problems(case: Case, counted: int | None) -> list[str]:
+    """The FLOPs SpeedMonitor counted in the strategy's model against those of the model built eagerly (a LoRA
+    model has adapters besides: not compared)."""
+    if case.mode == "lora" or counted is None:
+        return []
+    expected = flops_per_token(eager_model(case.family), LENGTH)
+    return [] if counted == expected else [f"SpeedMonitor counted {counted} FLOPs per token, not {expected}"]
 
 
 def check_fabric_results(folder: Path, cases: list[Case], atol: float = 1e-4) -> dict[str, list[str]]:
