@@ -166,13 +166,27 @@ TUNING_4X = [
     Configuration("gemini-cuda-4x-1.3b-pinned-prefetch-2", "colossalai_cuda", "1.3b", devices=4,
                   tuning={"pin_memory": True, "max_prefetch": 2}),
 ]  # fmt: skip
-BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST + FOUR_GPUS + TUNING_4X}
+# Training on the CPU (run with --accelerator cpu): the plan's CPU candidates, Lightning's own auto and ddp among
+# them, on a machine without GPUs; short sequences keep a step within seconds on a few cores.
+ON_CPU = [
+    Configuration("cpu-auto-125m", "auto", "125m", micro_batch=2, length=256),
+    Configuration("cpu-ddp-125m", "ddp", "125m", micro_batch=2, length=256, devices=2),
+    Configuration("cpu-fsdp-125m", "fsdp", "125m", micro_batch=2, length=256, devices=2),
+    Configuration("cpu-ds2-125m", "deepspeed_stage_2", "125m", {"stage": 2}, micro_batch=2, length=256, devices=2),
+    Configuration("cpu-ds3-125m", "deepspeed_stage_3", "125m", {"stage": 3}, micro_batch=2, length=256, devices=2),
+]
+# Lightning's own names, passed to the Trainer as they are (no package of ours registers them).
+LIGHTNING_NAMES = ("auto", "ddp")
+BY_ID = {configuration.id: configuration for configuration in CONFIGURATIONS + LARGEST + FOUR_GPUS + TUNING_4X + ON_CPU}
 # Small enough for a CPU run of the harness itself (no GPU peak is measured there).
 CPU_SMOKE = Configuration("cpu-smoke", "fsdp", "tiny", micro_batch=2, length=64)
 
 
-def optimizer_for(strategy: str, settings: dict[str, Any]) -> str:
-    """The optimizer the benchmark uses with each backend (tools/benchmark/optimizers.py's names)."""
+def optimizer_for(strategy: str, settings: dict[str, Any], accelerator: str = "cuda") -> str:
+    """The optimizer the benchmark uses with each backend (tools/benchmark/optimizers.py's names); on the CPU,
+    torch's (DeepSpeed's fused Adam is a CUDA kernel)."""
+    if accelerator == "cpu":
+        return "adamw_fused"
     if strategy.startswith("colossalai"):
         return "hybrid_adam"
     if strategy.startswith("deepspeed"):
@@ -181,8 +195,11 @@ def optimizer_for(strategy: str, settings: dict[str, Any]) -> str:
     return "adamw_fused"
 
 
-def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_gib: float) -> dict[str, Any]:
-    """The planner's candidate for this strategy and settings on the machine described."""
+def prediction(
+    configuration: Configuration, gpu_memory_gib: float, host_memory_gib: float, accelerator: str = "cuda"
+) -> dict[str, Any]:
+    """The planner's candidate for this strategy and settings on the machine described (without GPUs for
+    ``accelerator`` "cpu")."""
     from lightning_strategies.planning import GIB, Machine, Workload
     from lightning_strategies.planning.planner import plan_for
 
@@ -198,9 +215,10 @@ def prediction(configuration: Configuration, gpu_memory_gib: float, host_memory_
         precision=configuration.precision,
         activation_checkpointing=configuration.activation_checkpointing,
     )
+    on_cpu = accelerator == "cpu"
     machine = Machine(
-        configuration.devices * configuration.nodes,
-        int(gpu_memory_gib * GIB),
+        0 if on_cpu else configuration.devices * configuration.nodes,
+        0 if on_cpu else int(gpu_memory_gib * GIB),
         int(host_memory_gib * GIB),
         nodes=configuration.nodes,
     )
@@ -509,6 +527,8 @@ def child(spec_path: Path) -> None:
     name = spec["strategy"]
     if name.startswith(BUILTIN):  # its settings are those its name stands for
         strategy = builtin_strategy(name.removeprefix(BUILTIN))
+    elif name in LIGHTNING_NAMES:
+        strategy = name
     else:
         strategy = get_registry().resolve(name, **spec["settings"], **spec["tuning"])
     stages = host_stages_callback(Path(spec["results"], f"stages-{rank()}.json"))
@@ -533,7 +553,8 @@ def child(spec_path: Path) -> None:
     if spec["same_batch"]:
         data = torch.utils.data.Subset(data, [i % workload.batch_size for i in range(len(data))])
     loader = torch.utils.data.DataLoader(data, batch_size=workload.batch_size)
-    trainer.fit(GPTModule(workload, optimizer_for(name.removeprefix(BUILTIN), spec["settings"])), loader)
+    optimizer = optimizer_for(name.removeprefix(BUILTIN), spec["settings"], spec["accelerator"])
+    trainer.fit(GPTModule(workload, optimizer), loader)
     device = trainer.strategy.root_device
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     # The stages are in their own file already (written as each was reached).
@@ -596,7 +617,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
     }
     records = []
     for configuration in configurations:
-        predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory)
+        predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory, arguments.accelerator)
         limit = None if arguments.host_limit is None else int(arguments.host_limit * 2**30)
         gpu_peaks, host_peak, host_stages, speed, failure, stopped_at = measure(
             configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout, limit
@@ -621,7 +642,10 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
             "stopped_at_host_limit_seconds": stopped_at,
             "host_stages_per_rank_gib": host_stages,
             "speed": speed,
-            "within_tolerance": failure is None and len(errors) == 2 and max(errors) <= TOLERANCE,
+            # On the CPU there is no GPU peak: the host's is the whole prediction.
+            "within_tolerance": failure is None
+            and len(errors) == (1 if arguments.accelerator == "cpu" else 2)
+            and max(errors) <= TOLERANCE,
             "failure": failure,
             **measured_on,
         }

@@ -41,7 +41,7 @@ from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
 from lightning_strategies.hugging_face import recorded_models
-from lightning_strategies_fsdp.checksums import write_checksums
+from lightning_strategies_fsdp.checksums import summing_writer, write_checksums
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
     METADATA_FILE,
@@ -129,8 +129,9 @@ def save_sharded(
 ) -> None:
     """Write a sharded checkpoint folder at the staging ``path``; every process calls this."""
     path.mkdir(parents=True, exist_ok=True)
-    dcp.save(tensors, checkpoint_id=path, no_dist=no_dist)
-    write_checksums(path, rank)
+    writer, sums = summing_writer(path)
+    dcp.save(tensors, checkpoint_id=path, storage_writer=writer, no_dist=no_dist)
+    write_checksums(path, rank, sums)
     if rank == 0:
         torch.save(metadata, path / METADATA_FILE)
 

@@ -1,5 +1,5 @@
-"""A CRC-32 for each shard file of a DCP folder: written by the rank that saved the file, checked by each rank
-that reads it.
+"""A CRC-32 for each shard file of a DCP folder: computed by the rank that saves the file as it writes it, checked
+by each rank that reads it.
 
 DCP records no checksum, so a shard damaged after saving (a partial copy, a failing disk) loads as other numbers.
 ``torch.save`` files carry a CRC-32 per record, which core checks; this gives DCP's shards the same. Each rank
@@ -10,8 +10,15 @@ them. A folder without them (saved by Lightning's FSDPStrategy, or by DCP direct
 from __future__ import annotations
 
 import json
+import os
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 SHARD_SUFFIX = ".distcp"
 _PATTERN = ".checksums-*.json"
@@ -21,10 +28,51 @@ _CHUNK = 16 << 20
 _verified: set[tuple[str, int, int]] = set()
 
 
-def write_checksums(folder: Path, rank: int) -> None:
+class _Crc32Stream:
+    """A file being written, with the CRC-32 of every byte written to it so far: the shard is summed as it goes
+    out, not read back. DCP writes shards front to back (``write``, ``tell``, ``flush``, ``fileno`` for fsync)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.crc = stream, 0
+
+    def write(self, data: Any) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.stream.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+class _SummingFileSystem(FileSystem):
+    """DCP's local file system, noting the CRC-32 of each shard file it writes in ``sums`` by file name."""
+
+    def __init__(self, sums: dict[str, int]) -> None:
+        super().__init__()
+        self.sums = sums
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as stream:
+            if "w" not in mode or not str(path).endswith(SHARD_SUFFIX):
+                yield stream
+                return
+            summed = _Crc32Stream(stream)
+            yield summed
+            self.sums[Path(path).name] = summed.crc
+
+
+def summing_writer(folder: Path) -> tuple[FileSystemWriter, dict[str, int]]:
+    """A DCP storage writer for ``folder`` as ``dcp.save`` makes by default, and the CRC-32 of each shard it
+    writes (filled as it writes)."""
+    sums: dict[str, int] = {}
+    writer = FileSystemWriter(folder)
+    writer.fs = _SummingFileSystem(sums)
+    return writer, sums
+
+
+def write_checksums(folder: Path, rank: int, sums: dict[str, int]) -> None:
     """Record the CRC-32 of the shards ``rank`` wrote into ``folder`` (DCP names them ``__<rank>_<n>.distcp``)."""
-    sums = {path.name: crc32_of(path) for path in sorted(folder.glob(f"__{rank}_*{SHARD_SUFFIX}"))}
-    (folder / f".checksums-{rank}.json").write_text(json.dumps(sums))
+    (folder / f".checksums-{rank}.json").write_text(json.dumps(dict(sorted(sums.items()))))
 
 
 def saved_checksums(folder: Path) -> dict[str, int]:
