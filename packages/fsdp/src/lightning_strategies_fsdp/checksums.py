@@ -13,6 +13,7 @@ import json
 import os
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 SHARD_SUFFIX = ".distcp"
 _PATTERN = ".checksums-*.json"
 _CHUNK = 16 << 20
+# Writes at least this large are summed beside the write rather than before it: below, a thread's hand-off costs
+# more than the sum.
+_OVERLAP_FROM = 1 << 20
 # Files this process has verified, by (path, size, modification time): a model and its optimizers load from the
 # same shards one after another, and reading them again proves nothing new.
 _verified: set[tuple[str, int, int]] = set()
@@ -30,14 +34,25 @@ _verified: set[tuple[str, int, int]] = set()
 
 class _Crc32Stream:
     """A file being written, with the CRC-32 of every byte written to it so far: the shard is summed as it goes
-    out, not read back. DCP writes shards front to back (``write``, ``tell``, ``flush``, ``fileno`` for fsync)."""
+    out, not read back. DCP writes shards front to back (``write``, ``tell``, ``flush``, ``fileno`` for fsync).
 
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.crc = stream, 0
+    A large write is summed on a second thread while this one writes it (both release the GIL), so the sum costs
+    about nothing beside the disk; it is finished before ``write`` returns, while the caller's buffer is still
+    valid, and in order, since each sum continues the last.
+    """
+
+    def __init__(self, stream: Any, summer: ThreadPoolExecutor) -> None:
+        self.stream, self.summer, self.crc = stream, summer, 0
 
     def write(self, data: Any) -> int:
-        self.crc = zlib.crc32(data, self.crc)
-        return self.stream.write(data)
+        if memoryview(data).nbytes < _OVERLAP_FROM:
+            self.crc = zlib.crc32(data, self.crc)
+            return self.stream.write(data)
+        summed = self.summer.submit(zlib.crc32, data, self.crc)
+        try:
+            return self.stream.write(data)
+        finally:
+            self.crc = summed.result()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
@@ -56,8 +71,9 @@ class _SummingFileSystem(FileSystem):
             if "w" not in mode or not str(path).endswith(SHARD_SUFFIX):
                 yield stream
                 return
-            summed = _Crc32Stream(stream)
-            yield summed
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-crc32") as summer:
+                summed = _Crc32Stream(stream, summer)
+                yield summed
             self.sums[Path(path).name] = summed.crc
 
 
