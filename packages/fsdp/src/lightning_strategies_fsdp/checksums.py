@@ -20,6 +20,7 @@ from typing import Any
 
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
+from typing_extensions import override
 
 SHARD_SUFFIX = ".distcp"
 _PATTERN = ".checksums-*.json"
@@ -65,6 +66,7 @@ class _SummingFileSystem(FileSystem):
         super().__init__()
         self.sums = sums
 
+    @override
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
         with super().create_stream(path, mode) as stream:
