@@ -27,6 +27,7 @@ STEPS = 4
 RUN = {"max_epochs": 1, "batches": 4, "optimizer": "adam", "scheduler": True}
 FULL = {**RUN, "max_epochs": 2}
 NAMES = ["deepspeed_stage_2", "deepspeed_stage_3"]
+BF16 = "bf16-mixed"
 # The universal layout keeps the fp32 weights, Adam moments and step counts as saved. Measured on CPU (torch 2.13,
 # DeepSpeed 0.19.8, fp32): losses and weights equal the uninterrupted run's exactly (difference 0.0) for 2 -> 1
 # and 1 -> 2, stages 2 and 3. The tolerance leaves room for a different reduction order on other hardware.
@@ -48,6 +49,9 @@ def two_processes(folder):
     """Uninterrupted 2-process runs, and 2-process first halves that save, by stage."""
     runs = {f"uninterrupted-{name}": {"strategy": name, **FULL} for name in NAMES}
     runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in NAMES}
+    # 16-bit: DeepSpeed trains bf16 weights from fp32 masters, which the universal layout carries.
+    runs["uninterrupted-bf16"] = {"strategy": "deepspeed_stage_3", **FULL, "precision": BF16}
+    runs["first-half-bf16"] = {"strategy": "deepspeed_stage_3", **RUN, "precision": BF16, "save": folder / "bf16.ckpt"}
     return train_together(folder / "two", runs)
 
 
@@ -71,6 +75,9 @@ def one_process(folder, two_processes, damaged):
             for name in NAMES}  # fmt: skip
     runs["again"] = {"strategy": "deepspeed_stage_2", **FULL, "devices": 1, "resume": folder / "deepspeed_stage_2.ckpt"}
     runs["damaged"] = {"strategy": "deepspeed_stage_2", **FULL, "devices": 1, "resume": damaged[0]}
+    runs["resumed-bf16"] = {
+        "strategy": "deepspeed_stage_3", **FULL, "precision": BF16, "devices": 1, "resume": folder / "bf16.ckpt",
+    }  # fmt: skip
     runs |= {f"saved-alone-{name}": {"strategy": name, **RUN, "devices": 1, "save": folder / f"alone-{name}.ckpt"}
              for name in NAMES}  # fmt: skip
     return train_together(folder / "one", runs)
@@ -110,6 +117,10 @@ def test_two_process_checkpoint_resumes_on_one(two_processes, one_process, folde
     assert (checkpoint / "latest").read_text().strip() == "checkpoint"  # the saved checkpoint is as it was
     assert not any(path.name.startswith(".") for path in checkpoint.iterdir())  # no staging left behind
     assert any(line.startswith(f"Converted {checkpoint}") for line in resumed["info_messages"])
+
+
+def test_a_bf16_mixed_checkpoint_resumes_on_another_world_size(two_processes, one_process):
+    _assert_continues(succeeded(one_process, "resumed-bf16"), succeeded(two_processes, "uninterrupted-bf16"))
 
 
 def test_a_second_resume_reuses_the_conversion(one_process, two_processes, folder):
