@@ -91,6 +91,7 @@ def test_token_ids_are_found_in_the_usual_batch_shapes(batch: object, numel: int
         ("NVIDIA GH200 480GB", 989e12),
         ("NVIDIA A100-SXM4-80GB", 312e12),
         ("NVIDIA L40S", 362e12),
+        ("NVIDIA L40", 181e12),
         ("NVIDIA L4", 121e12),
     ],
 )

@@ -30,7 +30,7 @@ __all__ = ["DENSE_16BIT_PEAKS", "SpeedMonitor", "dense_peak_flops", "flops_per_t
 
 # Dense bf16/fp16 tensor-core peaks in FLOP/s, by a part of the name torch reports; the first match wins, so a
 # variant comes before the name it contains (data sheets: H100 SXM 989.4 TFLOP/s, PCIe 756, NVL 835; H200 and
-# GH200 as H100 SXM; A100 312; L40S 362; L4 121).
+# GH200 as H100 SXM; A100 312; L40S 362; L40 181; L4 121).
 DENSE_16BIT_PEAKS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
@@ -39,6 +39,7 @@ DENSE_16BIT_PEAKS: tuple[tuple[str, float], ...] = (
     ("H100", 989e12),
     ("A100", 312e12),
     ("L40S", 362e12),
+    ("L40", 181e12),
     ("L4", 121e12),
 )
 
@@ -115,7 +116,7 @@ class SpeedMonitor(Callback):
 
     Args:
         peak_flops: The device's peak in FLOP/s to compute MFU against. Default: the dense 16-bit peak of the GPU
-            (H100, H200, GH200, A100, L40S, L4); elsewhere MFU is not logged.
+            (H100, H200, GH200, A100, L40S, L40, L4); elsewhere MFU is not logged.
         flops_per_token: Training FLOPs per token. Default: counted from the model on the first batch (see the
             module docstring); pass it for a model the count does not fit (mixture of experts, say).
         tokens_per_batch: A function of the batch giving its token count on this process. Default: the elements
