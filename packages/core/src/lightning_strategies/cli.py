@@ -356,8 +356,9 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
         "--to",
         required=True,
         choices=CONVERT_TARGETS,
-        help="full: one Lightning checkpoint file, which every strategy reads; fsdp: a DCP folder; deepspeed, "
-        "colossalai: what those strategies resume",
+        help="full: one Lightning checkpoint file with everything a resume restores, which every strategy reads; "
+        "fsdp: a DCP folder; colossalai: one full file, which those strategies load as it is; deepspeed: refused "
+        "from other layouts, with what to do instead (no package writes a ZeRO folder from them)",
     )
     converting.add_argument(
         "--drop-optimizer-states",
