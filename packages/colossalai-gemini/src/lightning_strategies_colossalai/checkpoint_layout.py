@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +32,14 @@ COLOSSALAI = CheckpointFormat(
 def from_full_checkpoint(
     source: str | os.PathLike[str], destination: str | os.PathLike[str], weights_only: Any
 ) -> Path:
-    """The ``from_full_checkpoint`` of the ColossalAI format: the file itself, copied. The colossalai strategies load
-    one full checkpoint file as it is (what they write with state_dict_type="full"), so that is the form of any other
-    layout for them.
+    """The ``from_full_checkpoint`` of the ColossalAI format: the file itself, copied once checked whole. The
+    colossalai strategies load one full checkpoint file as it is (what they write with state_dict_type="full"), so that
+    is the form of any other layout for them.
 
     Refused where the file's optimizer states are keyed by name (FSDP2's, and its converter's): ColossalAI's
     optimizers look their states up by parameter position, as they and torch save them, and would find none.
     """
-    from lightning_strategies.checkpoints import load_file
-    from lightning_strategies.checkpoints.convert import DROP_FLAG, copy_file
+    from lightning_strategies.checkpoints import load_file, staged_save
 
     checkpoint = load_file(source, weights_only, map_location="cpu", mmap=True)
     for optimizer in checkpoint.get("optimizer_states") or []:
@@ -48,7 +48,11 @@ def from_full_checkpoint(
             raise CheckpointError(
                 f"{source} holds optimizer states keyed by name ({', '.join(named[:3])}, ...), as FSDP2 and its "
                 "converter write them; ColossalAI's optimizers look states up by parameter position and would restore "
-                f"none. Add {DROP_FLAG} for the weights and Lightning's state alone (the optimizer starts afresh), or "
-                "resume it under the strategy that saved it."
+                "none. Add --drop-optimizer-states for the weights and Lightning's state alone (the optimizer starts "
+                "afresh), or resume it under the strategy that saved it."
             )
-    return copy_file(source, destination, weights_only)
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with staged_save(destination) as staged:
+        shutil.copyfile(source, staged)
+    return destination

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -182,17 +181,6 @@ def _write_from_full(
 def _call(named: str, *arguments: Any) -> Any:
     module, _, function = named.partition(":")
     return getattr(importlib.import_module(module), function)(*arguments)
-
-
-def copy_file(source: str | os.PathLike[str], destination: str | os.PathLike[str], weights_only: bool | None) -> Path:
-    """A ``from_full_checkpoint`` for a layout whose strategies load one full file as it is (ColossalAI's with
-    ``state_dict_type='full'``): the file, copied, checked first so that a damaged one is not passed on."""
-    source, destination = Path(source), Path(destination)
-    check_file(source)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with staged_save(destination) as staged:
-        shutil.copyfile(source, staged)
-    return destination
 
 
 def _size_text(path: Path) -> str:
