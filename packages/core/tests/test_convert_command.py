@@ -153,3 +153,14 @@ def test_colossalai_reads_the_full_file_itself(installed_registry, full: Path, t
     assert cli(["convert", str(tmp_path / "named.ckpt"), str(tmp_path / "no.ckpt"), "--to", "colossalai"]) == 2
     assert "keyed by name" in capsys.readouterr().err
     assert not (tmp_path / "no.ckpt").exists()
+
+
+def test_a_fabric_optimizer_under_its_own_key_goes_too(registry, tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    torch.save({"model": model.state_dict(), "optim": optimizer.state_dict(), "step": 1}, tmp_path / "fabric.ckpt")
+    out = tmp_path / "weights.ckpt"
+    assert cli(["convert", str(tmp_path / "fabric.ckpt"), str(out), "--to", "full", "--drop-optimizer-states"]) == 0
+    assert read(out).keys() == {"model", "step"}

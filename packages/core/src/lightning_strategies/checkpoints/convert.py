@@ -161,7 +161,11 @@ def _write_full(
     if weights_alone or not found.to_full_checkpoint:
         report(f"reading the weights of {source} (the optimizer states are left out)")
         checkpoint = _call(found.read_weights, source, weights_only)
-        checkpoint.pop("optimizer_states", None)
+        dropped = _optimizer_entries(checkpoint)
+        for key in dropped:
+            del checkpoint[key]
+        if dropped:
+            report(f"left out: {', '.join(map(repr, dropped))}")
         report(f"writing {out}")
         out.parent.mkdir(parents=True, exist_ok=True)
         with staged_save(out) as staged:
@@ -169,6 +173,16 @@ def _write_full(
         return
     report(f"writing {out}: one file with the weights, optimizer states, schedulers and loop state")
     _call(found.to_full_checkpoint, source, out, weights_only)
+
+
+def _optimizer_entries(checkpoint: dict[str, Any]) -> list[str]:
+    """The entries holding optimizer states: the Trainer's ``optimizer_states``, and any optimizer state dict (its
+    ``state`` and ``param_groups``) that Fabric saved under the user's own key."""
+    return [
+        key
+        for key, value in checkpoint.items()
+        if key == "optimizer_states" or (isinstance(value, dict) and {"state", "param_groups"} <= value.keys())
+    ]
 
 
 def _write_from_full(
