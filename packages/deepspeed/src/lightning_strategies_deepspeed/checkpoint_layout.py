@@ -37,7 +37,8 @@ DEEPSPEED = CheckpointFormat(
     # No writer of a ZeRO folder from one file: DeepSpeed's engine takes its optimizer states only from its own
     # folders, and a resume from one file of full weights (load_full_weights=True) refuses optimizer states there.
     from_other_layouts=(
-        "To go on under DeepSpeed from it, write its weights alone: `lightning-strategies convert {path} weights.ckpt "
+        "DeepSpeed's engine takes optimizer states only from its own ZeRO folders. To go on under DeepSpeed from it, "
+        "write its weights alone: `lightning-strategies convert {path} weights.ckpt "
         "--to full --drop-optimizer-states`, and resume from that file with DeepSpeedStrategy(load_full_weights=True) "
         "(the weights, schedulers and loops resume; the optimizer starts afresh). To keep the optimizer states, resume "
         "it under the strategy that saved it"

@@ -87,7 +87,7 @@ def convert(
         advice = target.from_other_layouts.format(path=source)
         raise CheckpointError(
             f"--to {to}: no installed package writes {target.description} from {found.description} without losing "
-            f"part of it, and {target.read_by} resume only that layout. {advice}".rstrip()
+            f"part of it. {advice}".rstrip()
         )
     dropped = _check_full_route(source, found, drop_optimizer_states)
     report(f"reading {source}: {found.description}, {_size_text(source)}")
@@ -105,8 +105,9 @@ def convert(
             _write_from_full(target, full, out, weights_only, report)
     report(f"done: {out} ({_size_text(out)}) in {time.monotonic() - started:.1f} s")
     written = identify(out) or target
-    notes = [f"{out} is {written.description}; resume it with {target.read_by}."]
-    if dropped or drop_optimizer_states:
+    weights_alone = bool(dropped) or drop_optimizer_states
+    notes = [f"{out} is {written.description}; {'load' if weights_alone else 'resume'} it with {target.read_by}."]
+    if weights_alone:
         notes.append(
             f"It holds the weights and Lightning's state but not {OPTIMIZER_STATES}: it serves validate, test, "
             "predict and load_from_checkpoint, and a strategy's loading of full weights, where the optimizer starts "
