@@ -127,14 +127,20 @@ def test_a_full_file_becomes_a_dcp_folder_and_back(installed_registry, full: Pat
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".lightning-strategies-convert")]
 
 
-def test_deepspeed_from_another_layout_is_refused_with_what_to_do(installed_registry, full: Path, tmp_path) -> None:
+def test_a_full_file_becomes_deepspeeds_universal_layout(installed_registry, full: Path, tmp_path: Path) -> None:
     pytest.importorskip("lightning_strategies_deepspeed")
-    from lightning_strategies.checkpoints.convert import convert
-    from lightning_strategies.errors import CheckpointError
-
-    with pytest.raises(CheckpointError, match=r"--drop-optimizer-states`, and resume from that file with Deep"):
-        convert(full, tmp_path / "zero", "deepspeed")
-    assert not (tmp_path / "zero").exists()
+    out = tmp_path / "zero"
+    assert cli(["convert", str(full), str(out), "--to", "deepspeed"]) == 0
+    assert (out / "latest_universal").read_text() == "checkpoint_universal"
+    original = read(full)
+    (saved,) = original["optimizer_states"]
+    # torch numbers the parameters in the module's order, which here is the state_dict's.
+    for index, name in enumerate(original["state_dict"]):
+        folder = out / "checkpoint_universal" / "zero" / name
+        assert torch.equal(torch.load(folder / "fp32.pt")["param"], original["state_dict"][name])
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(torch.load(folder / f"{key}.pt")["param"], saved["state"][index][key])
+        assert float(torch.load(folder / "step.pt")) == float(saved["state"][index]["step"])
 
 
 def test_colossalai_reads_the_full_file_itself(installed_registry, full: Path, tmp_path: Path, capsys) -> None:

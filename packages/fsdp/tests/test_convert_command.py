@@ -46,15 +46,21 @@ def test_the_folder_is_fsdps_already(reference_run: Path, tmp_path: Path, capsys
     assert not (tmp_path / "x").exists()
 
 
-def test_deepspeed_is_refused_with_the_route_for_the_weights(reference_run: Path, tmp_path: Path, capsys) -> None:
+def test_deepspeeds_universal_layout_by_parameter_name(reference_run: Path, tmp_path: Path, capsys) -> None:
     pytest.importorskip("lightning_strategies_deepspeed")
-    source = reference_run / "sharded_4"
-    assert cli(["convert", str(source), str(tmp_path / "zero"), "--to", "deepspeed"]) == 2
-    error = capsys.readouterr().err
-    assert "no installed package writes a DeepSpeed checkpoint" in error
-    assert f"`lightning-strategies convert {source} weights.ckpt --to full --drop-optimizer-states`" in error
-    assert "DeepSpeedStrategy(load_full_weights=True)" in error
-    assert not (tmp_path / "zero").exists()
+    source, out = reference_run / "sharded_4", tmp_path / "zero"
+    assert cli(["convert", str(source), str(out), "--to", "deepspeed"]) == 0
+    assert "resume it with the deepspeed strategies" in capsys.readouterr().out
+    expected = torch.load(sharded_to_full(source, tmp_path / "full.ckpt"), weights_only=False)
+    (optimizer,) = expected["optimizer_states"]
+    for name, state in optimizer["state"].items():
+        folder = out / "checkpoint_universal" / "zero" / name
+        torch.testing.assert_close(torch.load(folder / "fp32.pt")["param"], expected["state_dict"][name].float())
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(torch.load(folder / f"{key}.pt")["param"], state[key])
+        assert float(torch.load(folder / "step.pt")) == 4.0
+    # The temporary full file it went through is gone; only what the test wrote is left beside the output.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["full.ckpt", "zero"]
 
 
 def test_colossalai_gets_the_file_without_states_it_would_skip(reference_run: Path, tmp_path: Path, capsys) -> None:

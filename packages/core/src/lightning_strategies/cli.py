@@ -357,8 +357,8 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
         required=True,
         choices=CONVERT_TARGETS,
         help="full: one Lightning checkpoint file with everything a resume restores, which every strategy reads; "
-        "fsdp: a DCP folder; colossalai: one full file, which those strategies load as it is; deepspeed: refused "
-        "from other layouts, with what to do instead (no package writes a ZeRO folder from them)",
+        "fsdp: a DCP folder; deepspeed: DeepSpeed's universal layout, which ZeRO 1, 2 and 3 resume; colossalai: one "
+        "full file, which those strategies load as it is",
     )
     converting.add_argument(
         "--drop-optimizer-states",

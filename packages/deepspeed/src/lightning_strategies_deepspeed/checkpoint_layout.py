@@ -34,13 +34,6 @@ DEEPSPEED = CheckpointFormat(
     is_deepspeed_checkpoint,
     read_weights="lightning_strategies_deepspeed.checkpoint:read_weights",
     convert_name="deepspeed",
-    # No writer of a ZeRO folder from one file: DeepSpeed's engine takes its optimizer states only from its own
-    # folders, and a resume from one file of full weights (load_full_weights=True) refuses optimizer states there.
-    from_other_layouts=(
-        "DeepSpeed's engine takes optimizer states only from its own ZeRO folders. To go on under DeepSpeed from it, "
-        "write its weights alone: `lightning-strategies convert {path} weights.ckpt "
-        "--to full --drop-optimizer-states`, and resume from that file with DeepSpeedStrategy(load_full_weights=True) "
-        "(the weights, schedulers and loops resume; the optimizer starts afresh). To keep the optimizer states, resume "
-        "it under the strategy that saved it"
-    ),
+    # A universal folder (ZeRO stage 1 and 2) from one file with torch Adam states: what maps exactly, or refused.
+    from_full_checkpoint="lightning_strategies_deepspeed.from_full:from_full_checkpoint",
 )

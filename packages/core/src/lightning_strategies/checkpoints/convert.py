@@ -84,10 +84,9 @@ def convert(
             "remove that one first."
         )
     if target != FILE and not target.from_full_checkpoint:
-        advice = target.from_other_layouts.format(path=source)
         raise CheckpointError(
             f"--to {to}: no installed package writes {target.description} from {found.description} without losing "
-            f"part of it. {advice}".rstrip()
+            f"part of it. Resume it with {found.read_by}, or write one full file with --to full."
         )
     dropped = _check_full_route(source, found, drop_optimizer_states)
     report(f"reading {source}: {found.description}, {_size_text(source)}")

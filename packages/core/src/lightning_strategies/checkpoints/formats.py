@@ -55,9 +55,6 @@ class CheckpointFormat:
     # everything it holds (the ``convert`` command's way into this layout from any other). Empty where the package
     # cannot write its layout from one file without dropping part of it.
     from_full_checkpoint: str = field(compare=False, default="")
-    # Where ``from_full_checkpoint`` is empty: what to do instead to go on under this layout's strategies from a
-    # checkpoint of another layout at ``{path}`` (the ``convert`` command's refusal says it).
-    from_other_layouts: str = field(compare=False, default="")
 
 
 def _is_torch_save_file(path: Path) -> bool:
