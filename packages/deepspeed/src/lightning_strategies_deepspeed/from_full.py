@@ -1,5 +1,5 @@
 """DeepSpeed's universal layout written from one full Lightning checkpoint file (``lightning-strategies convert --to
-deepspeed``), so that a run saved by ``ddp`` or ``fsdp`` goes on under ZeRO stage 1 or 2 with its Adam moments.
+deepspeed``), so that a run saved by ``ddp`` or ``fsdp`` goes on under ZeRO (stages 1, 2 and 3) with its Adam moments.
 
 The universal layout keeps each parameter's fp32 value and Adam states by parameter name (``zero/<name>/fp32.pt``,
 ``exp_avg.pt``, ``exp_avg_sq.pt``, ``step.pt``), which DeepSpeed loads on any number of processes; a full file keeps
@@ -36,7 +36,7 @@ def from_full_checkpoint(
     source: str | os.PathLike[str], destination: str | os.PathLike[str], weights_only: bool | None = None
 ) -> Path:
     """The ``from_full_checkpoint`` of the DeepSpeed format: a universal checkpoint folder at ``destination`` that
-    the deepspeed strategies (ZeRO stage 1 and 2) resume with the weights, Adam moments and steps, schedulers and
+    the deepspeed strategies (ZeRO stages 1, 2 and 3) resume with the weights, Adam moments and steps, schedulers and
     loop state of the full Lightning checkpoint file ``source``."""
     source, destination = Path(source), Path(destination)
     checkpoint = load_file(source, weights_only, map_location="cpu")
@@ -73,7 +73,8 @@ def from_full_checkpoint(
             {
                 "ds_version": ds_version,
                 "param_groups": [{**group, "params": [index]} for index, group in enumerate(hyperparameters)],
-                # ZeRO stage 3 reads one step and one group's hyperparameters for all: written where they are one.
+                # ZeRO stage 3 reads one step and one group's hyperparameters for all: written only where those are
+                # one (else stage 3 cannot resume the folder; stages 1 and 2 read each group's).
                 **(
                     {
                         _STAGE_3_STATE: {
