@@ -256,7 +256,9 @@ def cli_page() -> str:
         "",
         "Exit status: 0 on success; 2 when a name is unknown or claimed twice, a strategy does not "
         "support the accelerator or precision asked for, or an argument is invalid (the message "
-        "says what to do); `check` exits 1 when the conformance suite fails.",
+        "says what to do); `check` exits 1 when the conformance suite fails; `export` and `convert` exit 2 when "
+        "the checkpoint is refused; `convert` exits 0 and writes nothing where the source has the asked layout "
+        "already.",
         "",
         "```text",
         parser.format_usage().strip(),

@@ -131,6 +131,10 @@ def read_weights(path: str | os.PathLike[str], weights_only: bool | None = None)
     state_dict: dict[str, Any] = {}
     for name in sorted(set(index["weight_map"].values())):
         state_dict.update(load_file(folder / MODEL_FOLDER / name, weights_only=weights_only, map_location="cpu"))
+    # The result holds the weights itself: without the marker, a strategy loading it as one file would skip them as
+    # loaded from shards, and the optimizer placeholders stand for shards it does not carry.
+    meta.pop(SHARDED_MARKER, None)
+    meta.pop("optimizer_states", None)
     return {**meta, "state_dict": state_dict}
 
 

@@ -1,4 +1,4 @@
-"""The `lightning-strategies` command: list, info, doctor, check, plan and export.
+"""The `lightning-strategies` command: list, info, doctor, check, plan, export and convert.
 
 `list` and `info` read metadata only: they import no backend and no strategy module.
 """
@@ -14,7 +14,12 @@ from collections.abc import Sequence
 
 from lightning_strategies.entries import StrategyEntry, target_text
 from lightning_strategies.errors import StrategyConflictError, StrategyLookupError
-from lightning_strategies.known import LIGHTNING_BUILTIN_NAMES, PROJECT_PACKAGES, lightning_builtin_entry_points
+from lightning_strategies.known import (
+    CONVERT_TARGETS,
+    LIGHTNING_BUILTIN_NAMES,
+    PROJECT_PACKAGES,
+    lightning_builtin_entry_points,
+)
 from lightning_strategies.registry import get_registry
 
 
@@ -272,6 +277,34 @@ def command_export(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def command_convert(arguments: argparse.Namespace) -> int:
+    """A checkpoint of one layout written in another (one full file, a DCP folder, ...), through the packages that
+    know each layout; nothing is written over, and nothing is dropped unless asked."""
+    from lightning_strategies.checkpoints.convert import convert
+    from lightning_strategies.errors import CheckpointError
+
+    def report(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        done = convert(
+            arguments.source, arguments.out, arguments.to, weights_only=arguments.weights_only,
+            drop_optimizer_states=arguments.drop_optimizer_states, report=report,
+        )  # fmt: skip
+    except (CheckpointError, IsADirectoryError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        if "weights_only" in str(error):
+            print("With this command: add --no-weights-only, for a checkpoint you trust.", file=sys.stderr)
+        return 2
+    if done.written is None:
+        print(f"nothing to convert: {done.notes[0]} Use it as it is; {arguments.out} was not written.")
+        return 0
+    print(f"wrote {done.written}")
+    for note in done.notes:
+        print(note)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lightning-strategies",
@@ -306,7 +339,40 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=command_check)
     _add_plan_parser(commands)
     _add_export_parser(commands)
+    _add_convert_parser(commands)
     return parser
+
+
+def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
+    converting = commands.add_parser(
+        "convert",
+        help="a checkpoint of any strategy in another layout: one full file, or the folder another strategy resumes",
+    )
+    converting.add_argument(
+        "source", help="what a strategy saved: a DCP folder, a ZeRO folder, Gemini shards, a full file"
+    )
+    converting.add_argument("out", help="the file or folder to write (it must not exist)")
+    converting.add_argument(
+        "--to",
+        required=True,
+        choices=CONVERT_TARGETS,
+        help="full: one Lightning checkpoint file with everything a resume restores, which every strategy reads; "
+        "fsdp: a DCP folder; deepspeed: DeepSpeed's universal layout, which ZeRO 1, 2 and 3 resume; colossalai: one "
+        "full file, which those strategies load as it is",
+    )
+    converting.add_argument(
+        "--drop-optimizer-states",
+        action="store_true",
+        help="agree to a result without the optimizer states, where the source's layout cannot be read with them "
+        "(DeepSpeed's ZeRO folders, ColossalAI's shards); with --to full from a full file, a copy without them",
+    )
+    converting.add_argument(
+        "--weights-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="read pickled data as torch.load(weights_only=...) does (default: torch's default, True)",
+    )
+    converting.set_defaults(handler=command_convert)
 
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:

@@ -67,7 +67,9 @@ def checkpoint_formats() -> list[CheckpointFormat]:  # type: ignore[empty-body]
     and a ``matches(path)`` predicate that tells the layout from the file or folder alone: no unpickling,
     and False for any other layout (a single ``torch.save`` file is core's own format, tried after every
     plugin's). ``to_full_weights`` may name ``{path}``. Called only when a checkpoint is identified; import
-    ``lightning_strategies.checkpoints`` inside the hook, since it imports torch.
+    ``lightning_strategies.checkpoints`` inside the hook, since it imports torch. ``lightning-strategies convert``
+    reads and writes a layout only through its format's ``read_weights``, ``to_full_checkpoint`` and
+    ``from_full_checkpoint`` (``--to`` takes its ``convert_name``).
     """
 
 

@@ -26,6 +26,10 @@ _DEEPSPEED_NAMES = (
     "deepspeed_stage_3_offload_nvme",
 )
 
+# The layouts `lightning-strategies convert --to` writes: "full" is core's one file, the others are named by the
+# strategies that resume them, each written through its package's CheckpointFormat (convert_name).
+CONVERT_TARGETS = ("full", "fsdp", "deepspeed", "colossalai")
+
 # distribution -> the strategy names it registers (design.md, "Names").
 PROJECT_PACKAGES: dict[str, tuple[str, ...]] = {
     "lightning-strategies-colossalai-gemini": (

@@ -33,4 +33,7 @@ DEEPSPEED = CheckpointFormat(
     "`python -m lightning_strategies_deepspeed.convert {path} full.ckpt` writes one file of full fp32 weights",
     is_deepspeed_checkpoint,
     read_weights="lightning_strategies_deepspeed.checkpoint:read_weights",
+    convert_name="deepspeed",
+    # A universal folder (ZeRO stage 1 and 2) from one file with torch Adam states: what maps exactly, or refused.
+    from_full_checkpoint="lightning_strategies_deepspeed.from_full:from_full_checkpoint",
 )

@@ -358,7 +358,9 @@ def _refuse_dropping_optimizer_states(path: str, checkpoint: Mapping[str, Any]) 
         f"{path} holds the state of {len(saved)} optimizer(s) for {sum(len(states) for states in held)} parameters "
         f"({', '.join(kinds)}), which DeepSpeedStrategy(load_full_weights=True) cannot load from one file: resuming "
         "here would drop them (the optimizer would start afresh, its moments and step counts at zero) while the "
-        "weights, learning-rate schedulers and loops resume. Resume this file with a strategy that carries them "
+        "weights, learning-rate schedulers and loops resume. To keep them under DeepSpeed, convert the file to "
+        f"DeepSpeed's universal layout (`lightning-strategies convert {path} zero.ckpt --to deepspeed`) and resume "
+        "from zero.ckpt without load_full_weights. Or resume this file with a strategy that carries them "
         '(strategy="ddp" or "fsdp"), or agree to drop them by resuming from a copy without them: '
         f"`python -c \"import torch; c = torch.load('{path}'); del c['optimizer_states']; "
         "torch.save(c, 'weights.ckpt')\"`, then ckpt_path='weights.ckpt'."

@@ -23,4 +23,6 @@ DCP = CheckpointFormat(
     is_dcp_folder,
     read_weights="lightning_strategies_fsdp.checkpoint:read_weights",
     to_full_checkpoint="lightning_strategies_fsdp.checkpoint:sharded_to_full",
+    convert_name="fsdp",
+    from_full_checkpoint="lightning_strategies_fsdp.checkpoint:full_to_sharded",
 )

@@ -47,6 +47,14 @@ class CheckpointFormat:
     # part of it (DeepSpeed's keeps the weights alone). With it, strategies that read one file (Lightning's ddp)
     # resume this layout by ckpt_path alone (``checkpoint_io.one_file_for``).
     to_full_checkpoint: str = field(compare=False, default="")
+    # The word ``lightning-strategies convert --to`` takes for this layout: the strategy family that reads it ("fsdp",
+    # "deepspeed"); empty where the command writes no such layout.
+    convert_name: str = field(compare=False, default="")
+    # "module:function" called as function(source, destination, weights_only) that writes this layout at
+    # ``destination`` from ``source``, one Lightning checkpoint file as ``to_full_checkpoint`` writes it, keeping
+    # everything it holds (the ``convert`` command's way into this layout from any other). Empty where the package
+    # cannot write its layout from one file without dropping part of it.
+    from_full_checkpoint: str = field(compare=False, default="")
 
 
 def _is_torch_save_file(path: Path) -> bool:
@@ -61,6 +69,7 @@ FILE = CheckpointFormat(
     "it already holds full weights",
     _is_torch_save_file,
     read_weights="lightning_strategies.checkpoints.loading:load_weights_file",
+    convert_name="full",
 )
 
 

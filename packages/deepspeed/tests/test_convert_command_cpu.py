@@ -1,0 +1,135 @@
+"""`lightning-strategies convert` and DeepSpeed, on CPU with two processes: a run saved under ddp (one file) or fsdp
+(a DCP folder) goes on under ZeRO 1, 2 and 3 from the universal folder the command writes, on the uninterrupted loss
+curve; what does not map exactly is refused; a ZeRO folder's package reads the weights alone, so every result
+without the optimizer states waits for --drop-optimizer-states, and the folder is DeepSpeed's already.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_weights_close, succeeded, train_together
+
+from lightning_strategies.cli import main as cli
+
+RUN = {"max_epochs": 1, "batches": 4, "optimizer": "adam", "scheduler": True}
+FULL = {**RUN, "max_epochs": 2}
+STEPS_PER_EPOCH = 4
+LOSS_TOLERANCE = 1e-5  # docs/reliability.md: 1e-5 relative for 32-true
+SAVED_BY = ("ddp", "fsdp")  # fsdp: a DCP folder, converted through a temporary full file
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("convert")
+
+
+@pytest.fixture(scope="module")
+def saved(folder):
+    """One launch: a ZeRO-2 folder; an uninterrupted ZeRO-2 run; the first epoch of the same run under ddp and fsdp."""
+    if "fsdp" in SAVED_BY:
+        pytest.importorskip("lightning_strategies_fsdp")
+    zero = {
+        "strategy": "deepspeed_stage_2",
+        "max_steps": 2,
+        "batches": 2,
+        "optimizer": "adam",
+        "save": folder / "z.ckpt",
+    }
+    runs = {"zero": zero, "uninterrupted": {"strategy": "deepspeed_stage_2", **FULL}}
+    runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in SAVED_BY}
+    return train_together(folder / "saving", runs)
+
+
+@pytest.fixture(scope="module")
+def zero_folder(folder, saved):
+    return folder / "z.ckpt", succeeded(saved, "zero")
+
+
+@pytest.fixture(scope="module")
+def resumed(folder, saved):
+    """The second epoch under ZeRO 1, 2 and 3 from the universal folders the command wrote of the ddp and fsdp saves."""
+    for name in SAVED_BY:
+        succeeded(saved, f"first-half-{name}")
+        assert cli(["convert", str(folder / f"{name}.ckpt"), str(folder / f"{name}-zero"), "--to", "deepspeed"]) == 0
+    runs = {
+        f"{name}->{stage}": {"strategy": stage, **FULL, "resume": folder / f"{name}-zero"}
+        for name in SAVED_BY
+        for stage in ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3")
+    }
+    return train_together(folder / "resumes", runs)
+
+
+@pytest.mark.parametrize("source", SAVED_BY)
+@pytest.mark.parametrize("stage", ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_another_strategys_run_goes_on_under_zero_with_its_adam_moments(saved, resumed, source, stage):
+    """The losses after the resume equal the uninterrupted ZeRO-2 run's: weights, Adam moments and steps, the
+    scheduler and the loops came through; with fresh moments they leave the curve from the second step."""
+    expected = succeeded(saved, "uninterrupted")["losses"][STEPS_PER_EPOCH:]
+    losses = succeeded(resumed, f"{source}->{stage}")["losses"]
+    assert len(losses) == len(expected) == STEPS_PER_EPOCH
+    for got, want in zip(losses, expected, strict=True):
+        assert abs(got - want) <= LOSS_TOLERANCE * max(1.0, abs(want)), (losses, expected)
+
+
+def test_what_does_not_map_exactly_is_refused(tmp_path, capsys):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(5, 3)).sum().backward()
+    sgd.step()
+    with_sgd = tmp_path / "sgd.ckpt"
+    torch.save({"state_dict": model.state_dict(), "optimizer_states": [sgd.state_dict()], "global_step": 1}, with_sgd)
+    assert cli(["convert", str(with_sgd), str(tmp_path / "a"), "--to", "deepspeed"]) == 2
+    error = capsys.readouterr().err
+    # Positional states with buffers beside the parameters: which state is whose is not recorded.
+    assert "keeps its optimizer states by position for 4 of its 7 state_dict entries" in error
+    assert "--drop-optimizer-states`) and resume from that file with DeepSpeedStrategy(load_full_weights=True)" in error
+
+    plain = torch.nn.Linear(3, 4)
+    plain(torch.randn(5, 3)).sum().backward()
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    sgd.step()
+    torch.save({"state_dict": plain.state_dict(), "optimizer_states": [sgd.state_dict()]}, tmp_path / "plain.ckpt")
+    assert cli(["convert", str(tmp_path / "plain.ckpt"), str(tmp_path / "b"), "--to", "deepspeed"]) == 2
+    assert "has no Adam moments (exp_avg, exp_avg_sq, step) for weight" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["plain.ckpt", "sgd.ckpt"]
+
+
+def test_full_is_refused_until_the_optimizer_states_may_go(zero_folder, tmp_path, capsys):
+    folder, trained = zero_folder
+    out = tmp_path / "weights.ckpt"
+    assert cli(["convert", str(folder), str(out), "--to", "full"]) == 2
+    error = capsys.readouterr().err
+    assert "a DeepSpeed checkpoint" in error
+    assert "drops the optimizer states (for Adam: the moments exp_avg and exp_avg_sq and the step counts" in error
+    assert "Add --drop-optimizer-states" in error
+    assert not out.exists()
+
+    assert cli(["convert", str(folder), str(out), "--to", "full", "--drop-optimizer-states"]) == 0
+    assert "but not the optimizer states" in capsys.readouterr().out
+    written = torch.load(out, weights_only=True)
+    assert "optimizer_states" not in written
+    assert written["global_step"] == 2
+    assert_weights_close(written["state_dict"], trained["weights"])
+
+
+def test_the_folder_is_deepspeeds_already(zero_folder, tmp_path, capsys):
+    folder, _ = zero_folder
+    assert cli(["convert", str(folder), str(tmp_path / "again"), "--to", "deepspeed"]) == 0
+    assert "nothing to convert" in capsys.readouterr().out
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_dcp_folder_of_its_weights_on_request(zero_folder, tmp_path, capsys):
+    pytest.importorskip("lightning_strategies_fsdp")
+    from lightning_strategies_fsdp.checkpoint import read_weights
+
+    folder, trained = zero_folder
+    out = tmp_path / "sharded"
+    assert cli(["convert", str(folder), str(out), "--to", "fsdp"]) == 2
+    assert "Add --drop-optimizer-states" in capsys.readouterr().err
+    assert not out.exists()
+    assert cli(["convert", str(folder), str(out), "--to", "fsdp", "--drop-optimizer-states"]) == 0
+    assert_weights_close(read_weights(out)["state_dict"], trained["weights"])
+    # The full file it went through was temporary.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["sharded"]

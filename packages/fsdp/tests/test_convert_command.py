@@ -1,0 +1,75 @@
+"""`lightning-strategies convert` from a DCP folder two processes saved: one complete file (weights, Adam states by
+parameter name, loop state), the folder back from that file, and the layouts it is refused for with what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_checkpoints import assert_close, load_weights, model_checkpoint_file
+
+from lightning_strategies.cli import main as cli
+from lightning_strategies_fsdp.checkpoint import sharded_to_full
+
+
+def test_a_dcp_folder_becomes_one_complete_file(reference_run: Path, tmp_path: Path, capsys) -> None:
+    source = model_checkpoint_file(reference_run)
+    out = tmp_path / "full.ckpt"
+    assert cli(["convert", str(source), str(out), "--to", "full"]) == 0
+    printed = capsys.readouterr()
+    assert f"reading {source}: a sharded torch.distributed.checkpoint folder" in printed.err
+    assert "one file with the weights, optimizer states, schedulers and loop state" in printed.err
+    assert "done:" in printed.err
+    checkpoint = torch.load(out, weights_only=False)
+    assert_close(checkpoint["state_dict"], load_weights(reference_run / "weights_4.pt"))
+    assert checkpoint["global_step"] == 4
+    (optimizer,) = checkpoint["optimizer_states"]
+    assert set(optimizer["state"]) == set(checkpoint["state_dict"])
+    assert all(float(state["step"]) == 4.0 for state in optimizer["state"].values())
+
+    # What the fsdp package's own converter writes, entry for entry.
+    expected = torch.load(sharded_to_full(source, tmp_path / "by_fsdp.ckpt"), weights_only=False)
+    assert_close(optimizer["state"]["head.weight"], expected["optimizer_states"][0]["state"]["head.weight"])
+
+    # And back: a DCP folder again, which reads back to the same file.
+    folder = tmp_path / "sharded"
+    assert cli(["convert", str(out), str(folder), "--to", "fsdp"]) == 0
+    again = torch.load(sharded_to_full(folder, tmp_path / "again.ckpt"), weights_only=False)
+    assert_close(again["state_dict"], checkpoint["state_dict"])
+    assert_close(again["optimizer_states"][0]["state"]["head.weight"], optimizer["state"]["head.weight"])
+
+
+def test_the_folder_is_fsdps_already(reference_run: Path, tmp_path: Path, capsys) -> None:
+    assert cli(["convert", str(reference_run / "sharded_4"), str(tmp_path / "x"), "--to", "fsdp"]) == 0
+    assert "nothing to convert" in capsys.readouterr().out
+    assert not (tmp_path / "x").exists()
+
+
+def test_deepspeeds_universal_layout_by_parameter_name(reference_run: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("lightning_strategies_deepspeed")
+    source, out = reference_run / "sharded_4", tmp_path / "zero"
+    assert cli(["convert", str(source), str(out), "--to", "deepspeed"]) == 0
+    assert "resume it with the deepspeed strategies" in capsys.readouterr().out
+    expected = torch.load(sharded_to_full(source, tmp_path / "full.ckpt"), weights_only=False)
+    (optimizer,) = expected["optimizer_states"]
+    for name, state in optimizer["state"].items():
+        folder = out / "checkpoint_universal" / "zero" / name
+        torch.testing.assert_close(torch.load(folder / "fp32.pt")["param"], expected["state_dict"][name].float())
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(torch.load(folder / f"{key}.pt")["param"], state[key])
+        assert float(torch.load(folder / "step.pt")) == 4.0
+    # The temporary full file it went through is gone; only what the test wrote is left beside the output.
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["full.ckpt", "zero"]
+
+
+def test_colossalai_gets_the_file_without_states_it_would_skip(reference_run: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("lightning_strategies_colossalai")
+    source, out = reference_run / "sharded_4", tmp_path / "for_colossalai.ckpt"
+    assert cli(["convert", str(source), str(out), "--to", "colossalai"]) == 2
+    assert "keyed by name" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+    assert cli(["convert", str(source), str(out), "--to", "colossalai", "--drop-optimizer-states"]) == 0
+    written = torch.load(out, weights_only=False)
+    assert "optimizer_states" not in written
+    assert_close(written["state_dict"], load_weights(reference_run / "weights_4.pt"))
