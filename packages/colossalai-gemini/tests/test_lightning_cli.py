@@ -46,6 +46,7 @@ OURS = {
     "offload_optim_frac": None,  # read with placement "static" only
     "offload_param_frac": None,
     "pin_memory": False,
+    "max_prefetch": 2,
     "process_group_backend": "nccl",
     "timeout": "0:10:00",
 }
@@ -60,6 +61,7 @@ def test_every_parameter_is_typed_and_read_from_a_command_line_and_yaml() -> Non
     for strategy in check_lightning_cli_builds(ColossalAIStrategy, {**SEED, **OURS}):
         settings = strategy.settings
         assert (settings.placement_policy, settings.chunk_size, settings.hysteresis) == ("cpu", 1024, 3)
+        assert settings.max_prefetch == 2
         assert (settings.initial_scale, settings.max_scale, settings.state_dict_type) == (1024.0, 2.0**20, "sharded")
         assert strategy.shard_size_mb == 256
         assert strategy._timeout == timedelta(minutes=10)

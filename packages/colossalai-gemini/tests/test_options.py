@@ -83,12 +83,14 @@ def test_every_seed_parameter_reaches_gemini_plugin(gloo_world_of_one):
         growth_interval=50,
         hysteresis=4,
         max_scale=2**20,
+        max_prefetch=2,
     )
     plugin = build_plugin(
         gemini_plugin_arguments(settings, "16-mixed", world_size=1, accumulate_grad_batches=4, gradient_clip_val=0.5)
     )
     config = plugin.gemini_config
     assert config["force_outputs_fp32"] is True
+    assert config["max_prefetch"] == 2
     assert config["search_range_m"] == 16
     assert config["hidden_dim"] == 16 * MEBI // 1024  # search step = range / n_grids
     assert config["min_chunk_size_m"] == 8
@@ -165,6 +167,7 @@ def test_defaults_match_the_seed_page():
         ({"backoff_factor": 2.0}, "backoff_factor"),
         ({"min_scale": 10, "initial_scale": 1}, "min_scale <= initial_scale"),
         ({"use_chunk": "yes"}, "use_chunk='yes'.*bool"),
+        ({"max_prefetch": -1}, "max_prefetch=-1.*zero or positive"),
     ],
 )
 def test_bad_values_say_what_is_allowed(kwargs, message):

@@ -8,11 +8,12 @@ the same at every world size. Rank 0 writes the losses and counters as JSON.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 
 import torch
 from lightning.fabric import Fabric
+
+from lightning_strategies.conformance.launching import end_process_group
 
 STEPS = 3
 
@@ -52,11 +53,7 @@ def main() -> None:
     parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, mode, checkpoint, out")
     for spec in json.loads(parser.parse_args().runs):  # one after another in the same processes
         run(spec["strategy"], spec["devices"], spec["mode"], spec["checkpoint"], spec["out"])
-    # The runs' engines hold the process group's communicators: collected now, while the group can still be shut
-    # down in order. Left to interpreter exit, a gloo thread outlived them and a worker aborted (seen in CI).
-    gc.collect()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    end_process_group()  # the runs' engines hold the group's communicators
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gc
 import json
 import os
 import pickle
@@ -30,6 +29,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.testing import QUIET_TRAINER
 
 WIDTH = 16
@@ -824,13 +824,9 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     GROUPS[args.group](Results(args.out), args)
-    # Left to interpreter exit, gloo's worker threads can still hold work when Python tears down, which aborts
-    # the process ("terminate called without an active exception"). A Trainer whose fit was refused inside a
-    # context manager lives on in a reference cycle with the exception's traceback, and its device mesh with
-    # the mesh's process groups: collected now, while the groups can still be shut down in order.
-    gc.collect()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    # A Trainer whose fit was refused inside a context manager lives on in a reference cycle with the exception's
+    # traceback, and its device mesh with the mesh's process groups.
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ same pytest process). A new group needs a new rendezvous.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Mapping
 
-__all__ = ["fresh_launch_environment"]
+__all__ = ["end_process_group", "fresh_launch_environment"]
 
 # Set by Lightning's launchers and torchrun for one run; never meaningful to a new group of ranks.
 RENDEZVOUS_VARIABLES = (
@@ -36,3 +37,18 @@ def fresh_launch_environment(extra: Mapping[str, str] | None = None) -> dict[str
     }
     environment.update(extra or {})
     return environment
+
+
+def end_process_group() -> None:
+    """Shut this rank's process group down before the interpreter exits: call it last in a script every rank runs.
+
+    Left to interpreter exit, gloo's worker threads can still hold work while Python tears down, which aborts the
+    process ("terminate called without an active exception", SIGABRT) after a run that succeeded. Trainers, engines
+    and device meshes still alive in reference cycles hold the group's communicators, so they are collected first,
+    while the group can still be shut down in order.
+    """
+    import torch.distributed as dist
+
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -30,6 +30,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from typing_extensions import override
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.suite import first_optimizer, quiet_lightning, registered_entry
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         save_weights(trainer, report / "weights.saved.pt")
     recorder.facts["end_step"] = trainer.global_step
     (report / f"report.rank{trainer.global_rank}.json").write_text(json.dumps(recorder.facts))
+    del trainer, model
+    end_process_group()
     return 0
 
 
