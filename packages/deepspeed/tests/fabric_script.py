@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from lightning.fabric import Fabric
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.errors import CheckpointError
 
 
@@ -123,3 +124,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies_deepspeed.gradient_buffers import _SLOTS
 
 
@@ -199,3 +200,4 @@ def run_key(run: dict) -> str:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

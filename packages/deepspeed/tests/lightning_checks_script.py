@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.testing import record_checks
 from lightning_strategies_deepspeed.fabric import DeepSpeedFabricStrategy
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
@@ -107,3 +108,4 @@ CHECKS: dict[str, Callable[[], Any]] = {
 
 if __name__ == "__main__":
     record_checks(CHECKS, sys.argv[1])
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies_deepspeed.strategy import DeepSpeedStrategy
 
 
@@ -61,3 +62,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -23,6 +23,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_strategies.conformance.launching import end_process_group
+
 
 class Regression(LightningModule):
     def __init__(self, optimizer: str = "sgd", learning_rate: float = 0.05, scheduler: bool = False) -> None:
@@ -307,3 +309,4 @@ def _deepspeed_accelerator() -> str | None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from lightning_strategies.conformance.launching import end_process_group
+
 sys.path.insert(0, str(Path(__file__).parent))
 from scenarios import TinyTransformer, full_weights, loader, trainer
 
@@ -70,3 +72,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -11,6 +11,8 @@ import sys
 import torch
 from lightning.fabric import Fabric
 
+from lightning_strategies.conformance.launching import end_process_group
+
 
 def main() -> None:
     fabric = Fabric(strategy="fsdp", accelerator="cpu", devices=2)
@@ -28,3 +30,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lightning_strategies.conformance.launching import end_process_group
+
 
 class Model(L.LightningModule):
     def __init__(self) -> None:
@@ -48,3 +50,4 @@ for name in ("fsdp", "fsdp_no_shard"):
 if dist.get_rank() == 0:
     with open(sys.argv[1], "w") as out:
         json.dump(results, out)
+end_process_group()  # before exit, so that gloo's threads cannot abort it

@@ -16,6 +16,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.testing import QUIET_TRAINER, record_checks
 from lightning_strategies_fsdp.fabric import FSDP2FabricStrategy
 from lightning_strategies_fsdp.strategy import FSDP2Strategy
@@ -72,3 +73,4 @@ CHECKS: dict[str, Callable[[], Any]] = {
 
 if __name__ == "__main__":
     record_checks(CHECKS, sys.argv[1])
+    end_process_group()  # before exit, so that gloo's threads cannot abort it
