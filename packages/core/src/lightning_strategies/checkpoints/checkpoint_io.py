@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +87,22 @@ def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
 ONE_FILE_NAME = "full.ckpt"
 
 
-def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None) -> Any:
+def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, native: Collection[str] = ()) -> Any:
     """What a strategy that reads one checkpoint file (Lightning's ddp) loads for ``path``: ``path`` itself, or, for
     another strategy's folder whose package converts it to one file without dropping anything (its format's
-    ``to_full_checkpoint``: FSDP2's DCP folders), that file, written by global rank 0 into the folder as
-    ``full.ckpt`` and reused by later resumes while it is newer than every other file there. Called on every rank
+    ``to_full_checkpoint``: FSDP2's DCP folders, DeepSpeed's ZeRO folders), that file, written by global rank 0
+    into the folder as ``full.ckpt`` and reused by later resumes while it is newer than every other file there.
+    Called on every rank
     together: rank 0 decides and converts, and the others follow its answer, so that no rank leaves the collective
     because it sees the folder otherwise (a node without the shared file system sees nothing). A failed conversion
-    ends every rank with a ``CheckpointError``. Other folders (DeepSpeed's, whose conversion keeps the weights
-    alone) are left to ``check_checkpoint_file``, which refuses them with the command that converts them."""
+    ends every rank with a ``CheckpointError``. Folders of the layouts whose keys are in ``native`` (those the
+    strategy reads itself: "dcp" for the fsdp strategies) and folders no package converts are returned as they
+    are."""
     if not is_local(path):
         return path
     answer: tuple[str | None, str | None, str] = (None, None, "")
     if strategy.is_global_zero:
-        answer = _one_file_on_rank_zero(Path(path), type(strategy).__name__, weights_only)
+        answer = _one_file_on_rank_zero(Path(path), type(strategy).__name__, weights_only, native)
     target, failure, by_hand = strategy.broadcast(answer)
     if failure is not None:
         raise CheckpointError(failure)
@@ -115,12 +117,14 @@ def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None) -> 
     return target
 
 
-def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None) -> tuple[str | None, str | None, str]:
+def _one_file_on_rank_zero(
+    path: Path, strategy: str, weights_only: bool | None, native: Collection[str]
+) -> tuple[str | None, str | None, str]:
     """(the file to load, or None for ``path`` itself; the failure every rank raises, or None; the by-hand route)."""
     if not path.is_dir():
         return None, None, ""
     found = identify(path)
-    if found is None or not found.to_full_checkpoint:
+    if found is None or not found.to_full_checkpoint or found.key in native:
         return None, None, ""
     target = path / ONE_FILE_NAME
     reused = _newer_than_the_rest(target, path)
@@ -139,7 +143,7 @@ def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None)
         f"Resuming {path} ({found.description}) under {strategy} from its one-file form {target} ({how}; weights, "
         "optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
     )
-    return str(target), None, found.to_full_weights.format(path=path)
+    return str(target), None, f"`lightning-strategies convert {path} full.ckpt --to full`"
 
 
 def _newer_than_the_rest(target: Path, folder: Path) -> bool:
