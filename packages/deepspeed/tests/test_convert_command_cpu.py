@@ -1,7 +1,8 @@
 """`lightning-strategies convert` and DeepSpeed, on CPU with two processes: a run saved under ddp (one file) or fsdp
 (a DCP folder) goes on under ZeRO 1, 2 and 3 from the universal folder the command writes, on the uninterrupted loss
-curve; what does not map exactly is refused; a ZeRO folder's package reads the weights alone, so every result
-without the optimizer states waits for --drop-optimizer-states, and the folder is DeepSpeed's already.
+curve; what does not map exactly is refused; a ZeRO folder becomes one full file or a DCP folder with its Adam
+moments (through DeepSpeed's universal layout), or its weights alone with --drop-optimizer-states, and the folder is
+DeepSpeed's already.
 """
 
 from __future__ import annotations
@@ -95,21 +96,32 @@ def test_what_does_not_map_exactly_is_refused(tmp_path, capsys):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["plain.ckpt", "sgd.ckpt"]
 
 
-def test_full_is_refused_until_the_optimizer_states_may_go(zero_folder, tmp_path, capsys):
-    folder, trained = zero_folder
-    out = tmp_path / "weights.ckpt"
-    assert cli(["convert", str(folder), str(out), "--to", "full"]) == 2
-    error = capsys.readouterr().err
-    assert "a DeepSpeed checkpoint" in error
-    assert "drops the optimizer states (for Adam: the moments exp_avg and exp_avg_sq and the step counts" in error
-    assert "Add --drop-optimizer-states" in error
-    assert not out.exists()
+def assert_named_adam_states(checkpoint: dict, names: list[str], steps: int) -> None:
+    """One optimizer state keyed by parameter name, in the optimizer's order, each with its moments and step."""
+    (optimizer,) = checkpoint["optimizer_states"]
+    assert [group["params"] for group in optimizer["param_groups"]] == [names]
+    for name in names:
+        state = optimizer["state"][name]
+        assert state["exp_avg"].shape == state["exp_avg_sq"].shape == checkpoint["state_dict"][name].shape
+        assert float(state["step"]) == steps and state["exp_avg_sq"].min() >= 0 and state["exp_avg"].abs().sum() > 0
 
-    assert cli(["convert", str(folder), str(out), "--to", "full", "--drop-optimizer-states"]) == 0
-    assert "but not the optimizer states" in capsys.readouterr().out
+
+def test_full_keeps_the_adam_moments_or_drops_them_on_request(zero_folder, tmp_path, capsys):
+    folder, trained = zero_folder
+    out = tmp_path / "full.ckpt"
+    assert cli(["convert", str(folder), str(out), "--to", "full"]) == 0
+    assert "resume it with every strategy that loads full weights" in capsys.readouterr().out
     written = torch.load(out, weights_only=True)
-    assert "optimizer_states" not in written
     assert written["global_step"] == 2
+    assert_weights_close(written["state_dict"], trained["weights"])
+    assert_named_adam_states(written, list(trained["weights"]), steps=2)
+    assert not list(tmp_path.glob(".lightning-strategies-*")), "the scratch universal folder is left"
+
+    weights = tmp_path / "weights.ckpt"
+    assert cli(["convert", str(folder), str(weights), "--to", "full", "--drop-optimizer-states"]) == 0
+    assert "but not the optimizer states" in capsys.readouterr().out
+    written = torch.load(weights, weights_only=True)
+    assert "optimizer_states" not in written
     assert_weights_close(written["state_dict"], trained["weights"])
 
 
@@ -120,16 +132,15 @@ def test_the_folder_is_deepspeeds_already(zero_folder, tmp_path, capsys):
     assert not (tmp_path / "again").exists()
 
 
-def test_a_dcp_folder_of_its_weights_on_request(zero_folder, tmp_path, capsys):
+def test_a_dcp_folder_with_its_adam_moments(zero_folder, tmp_path, capsys):
     pytest.importorskip("lightning_strategies_fsdp")
-    from lightning_strategies_fsdp.checkpoint import read_weights
+    from lightning_strategies_fsdp.checkpoint import sharded_to_full
 
     folder, trained = zero_folder
     out = tmp_path / "sharded"
-    assert cli(["convert", str(folder), str(out), "--to", "fsdp"]) == 2
-    assert "Add --drop-optimizer-states" in capsys.readouterr().err
-    assert not out.exists()
-    assert cli(["convert", str(folder), str(out), "--to", "fsdp", "--drop-optimizer-states"]) == 0
-    assert_weights_close(read_weights(out)["state_dict"], trained["weights"])
+    assert cli(["convert", str(folder), str(out), "--to", "fsdp"]) == 0
+    back = torch.load(sharded_to_full(out, tmp_path / "back.ckpt"), weights_only=True)
+    assert_weights_close(back["state_dict"], trained["weights"])
+    assert_named_adam_states(back, list(trained["weights"]), steps=2)
     # The full file it went through was temporary.
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["sharded"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["back.ckpt", "sharded"]

@@ -95,7 +95,6 @@ def resumed(folder, saved):
 
 
 FSDP_CONVERT = r"python -m lightning_strategies_fsdp\.convert \S+ full\.ckpt"
-DEEPSPEED_CONVERT = r"python -m lightning_strategies_deepspeed\.convert \S+ full\.ckpt"
 FULL_WEIGHTS = r"DeepSpeedStrategy\(load_full_weights=True\)"
 DROPPED = (
     r"1 optimizer\(s\) for 4 parameters \(exp_avg, exp_avg_sq, step\).*would drop them.*del c\['optimizer_states'\]"
@@ -115,8 +114,9 @@ MATRIX = {
     ("fsdp", "ddp"): EXACT,  # converted once to fsdp.ckpt/full.ckpt (core's one_file_for), then read as one file
     **{(source, target): ("refused-clear", FULL_WEIGHTS)
        for source in ("ddp", "fsdp-full", "fsdp") for target in ZERO},
-    **{(source, target): ("refused-clear", DEEPSPEED_CONVERT)
-       for source in ZERO for target in ("ddp", "fsdp", "fsdp-full")},
+    # Converted once to <folder>/full.ckpt through DeepSpeed's universal layout (Adam moments by parameter name).
+    # Before: refused, naming the converter, whose file kept the weights alone.
+    **{(source, target): EXACT for source in ZERO for target in ("ddp", "fsdp", "fsdp-full")},
     # ZeRO 1 and 2 partition the optimizer state alike, and DeepSpeed loads one into the other; ZeRO 3 also the weights.
     **{(source, target): EXACT if source == target or "stage_3" not in source + target
        else ("refused-clear", OTHER_STAGE)
@@ -170,7 +170,10 @@ def test_cell(saved, resumed, source, target):
         assert re.search(EXTRA_PATTERNS[source, target], result["error"]), result["error"]
 
 
-def test_the_one_file_form_of_a_dcp_folder_is_kept_inside_it(folder, resumed):
-    """fsdp -> ddp wrote it; the resumes after it (fsdp -> fsdp, ...) read the folder with it inside, unchanged."""
-    assert (folder / "fsdp.ckpt" / "full.ckpt").is_file()
-    assert not (folder / "fsdp.ckpt" / STAGING_FOLDER).exists()
+@pytest.mark.parametrize("source", ["fsdp", *ZERO])
+def test_the_one_file_form_of_a_folder_is_kept_inside_it(folder, resumed, source):
+    """fsdp -> ddp (and each ZeRO folder -> ddp) wrote it; the resumes after it (fsdp -> fsdp, ...) read the folder
+    with it inside, unchanged."""
+    assert (folder / f"{source}.ckpt" / "full.ckpt").is_file()
+    assert not (folder / f"{source}.ckpt" / STAGING_FOLDER).exists()
+    assert not list(folder.glob(f"{source}.ckpt/.lightning-strategies-universal-*")), "the scratch folder is left"

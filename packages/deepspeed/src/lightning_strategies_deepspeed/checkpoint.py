@@ -70,7 +70,7 @@ def _is_deepspeed_directory(path: Path) -> bool:
     return True
 
 
-def _rank_0_model_states(tag_folder: Path) -> Path:
+def rank_0_model_states(tag_folder: Path) -> Path:
     for name in _RANK_0_MODEL_STATES:
         if tag_folder.joinpath(name).is_file():
             return tag_folder / name
@@ -150,7 +150,7 @@ def inspect(
     location = locate(path)
     compatibility.check_saved_files(location.tag_folder)
     # Memory-mapped: only the pickled structure is read here, the tensors stay on disk.
-    rank_0_state = read_saved_file(_rank_0_model_states(location.tag_folder), weights_only, mmap=True)
+    rank_0_state = read_saved_file(rank_0_model_states(location.tag_folder), weights_only, mmap=True)
     layout = compatibility.SavedLayout.of(location.tag_folder, rank_0_state)
     if not location.universal:
         compatibility.check_complete(location.directory, location.tag, layout)
@@ -285,7 +285,7 @@ def convert_zero_checkpoint(
     location = locate(checkpoint)
     tag_folder = location.tag_folder
     compatibility.check_saved_files(tag_folder)
-    client_state = read_saved_file(_rank_0_model_states(tag_folder), weights_only)
+    client_state = read_saved_file(rank_0_model_states(tag_folder), weights_only)
     if any(tag_folder.glob("*optim_states.pt")) and client_state.get("ds_config", {}).get("zero_optimization", {}).get(
         "stage", 0
     ):
@@ -349,6 +349,33 @@ def write_universal(tag_folder: Path, output_tag_folder: Path, checkpoint: str |
     result = subprocess.run(command, capture_output=True, text=True, env=environment)
     if result.returncode != 0:
         raise RuntimeError(f"DeepSpeed's universal conversion of {str(checkpoint)!r} failed:\n{result.stderr[-4000:]}")
+
+
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
+
+
+def optimizer_file_without_adam_state(location: CheckpointLocation) -> Path | None:
+    """Rank 0's optimizer-state file where it keeps no Adam-type state (SGD, Adagrad, ...), else None: DeepSpeed's
+    universal conversion reads ``exp_avg`` and ``exp_avg_sq`` of every parameter group and fails with a KeyError on
+    any other optimizer's state."""
+    optimizer_file = next(iter(sorted(location.tag_folder.glob("*zero_pp_rank_0_mp_rank_*optim_states.pt"))), None)
+    if optimizer_file is None:
+        return None  # DeepSpeed's own error says what is missing
+    state = read_saved_file(optimizer_file, weights_only=False, mmap=True)
+    return None if _holds_keys(state, ADAM_STATES) else optimizer_file
+
+
+def _holds_keys(value: Any, keys: tuple[str, ...], depth: int = 0) -> bool:
+    """Whether a dict nested in ``value`` (DeepSpeed nests the optimizer's own state 3 levels down) has ``keys``."""
+    if depth > 6:
+        return False
+    if isinstance(value, dict):
+        if all(key in value for key in keys):
+            return True
+        return any(_holds_keys(item, keys, depth + 1) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_keys(item, keys, depth + 1) for item in value)
+    return False
 
 
 def load_into_partitioned_module(module: Any, state_dict: dict[str, Any], strict: bool, is_global_zero: bool) -> None:

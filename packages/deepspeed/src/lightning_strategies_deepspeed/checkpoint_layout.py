@@ -33,6 +33,8 @@ DEEPSPEED = CheckpointFormat(
     "`python -m lightning_strategies_deepspeed.convert {path} full.ckpt` writes one file of full fp32 weights",
     is_deepspeed_checkpoint,
     read_weights="lightning_strategies_deepspeed.checkpoint:read_weights",
+    # One file with the Adam moments by parameter name, through DeepSpeed's universal layout.
+    to_full_checkpoint="lightning_strategies_deepspeed.to_full:to_full_checkpoint",
     convert_name="deepspeed",
     # A universal folder (ZeRO stage 1 and 2) from one file with torch Adam states: what maps exactly, or refused.
     from_full_checkpoint="lightning_strategies_deepspeed.from_full:from_full_checkpoint",

@@ -149,17 +149,11 @@ class _Unconvertible(CheckpointError):
     """A checkpoint DeepSpeed's universal conversion cannot take, known before running it."""
 
 
-_ADAM_STATE = ("exp_avg", "exp_avg_sq")
-
-
 def _check_adam_state(location: checkpoints.CheckpointLocation, saved_world_size: int) -> None:
     """DeepSpeed's ds_to_universal reads ``exp_avg`` and ``exp_avg_sq`` of every parameter group and fails with a
     KeyError on any other optimizer's state (SGD, Adagrad, ...): refused here with what to do instead."""
-    optimizer_file = next(iter(sorted(location.tag_folder.glob("*zero_pp_rank_0_mp_rank_*optim_states.pt"))), None)
-    if optimizer_file is None:
-        return  # DeepSpeed's own error says what is missing
-    state = checkpoints.read_saved_file(optimizer_file, weights_only=False, mmap=True)
-    if not _holds_keys(state, _ADAM_STATE):
+    optimizer_file = checkpoints.optimizer_file_without_adam_state(location)
+    if optimizer_file is not None:
         raise _Unconvertible(
             "DeepSpeed's universal layout carries Adam-type optimizer state only (exp_avg and exp_avg_sq of every "
             f"parameter), and the optimizer saved in {optimizer_file.name} keeps neither (SGD, Adagrad, ...). Resume "
@@ -168,19 +162,6 @@ def _check_adam_state(location: checkpoints.CheckpointLocation, saved_world_size
             "weights.ckpt`, then DeepSpeedStrategy(load_full_weights=True) with ckpt_path='weights.ckpt' (the "
             "optimizer starts afresh)."
         )
-
-
-def _holds_keys(value: Any, keys: tuple[str, ...], depth: int = 0) -> bool:
-    """Whether a dict nested in ``value`` (DeepSpeed nests the optimizer's own state 3 levels down) has ``keys``."""
-    if depth > 6:
-        return False
-    if isinstance(value, dict):
-        if all(key in value for key in keys):
-            return True
-        return any(_holds_keys(item, keys, depth + 1) for item in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_holds_keys(item, keys, depth + 1) for item in value)
-    return False
 
 
 def _fingerprint(location: checkpoints.CheckpointLocation) -> dict[str, Any]:

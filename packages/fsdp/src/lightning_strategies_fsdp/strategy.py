@@ -30,12 +30,13 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_strategies import constructor_for
-from lightning_strategies.checkpoints import reads_torch_save_files, remove
+from lightning_strategies.checkpoints import one_file_for, reads_torch_save_files, remove
 from lightning_strategies.hugging_face import record_models
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
+from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.precision import (
     FSDP2BF16MixedPrecision,
@@ -220,7 +221,9 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         assert self.model is not None
         assert self.lightning_module is not None
-        path = self._path_to_load(checkpoint_path)
+        # Another strategy's folder that its package writes into one file with everything (DeepSpeed's ZeRO
+        # folders) resumes from that file, written once inside it by rank 0.
+        path = self._path_to_load(one_file_for(checkpoint_path, self, weights_only, native=(DCP.key,)))
         # Optimizers resume only when fitting; validate/test/predict load the weights (as Lightning's FSDPStrategy).
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}

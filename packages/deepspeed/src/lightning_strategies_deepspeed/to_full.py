@@ -1,0 +1,109 @@
+"""One full Lightning checkpoint file from a ZeRO checkpoint folder, Adam moments included: the ``to_full_checkpoint``
+of the DeepSpeed format, so that a run saved under ``deepspeed_stage_1/2/3`` goes on under ``ddp`` or ``fsdp`` with its
+optimizer (by ``ckpt_path`` alone, or through ``lightning-strategies convert --to full|fsdp``).
+
+ZeRO keeps each rank's slice of flat, padded optimizer buffers; DeepSpeed's universal layout (``ds_to_universal``)
+already cuts them back into each parameter's whole fp32 value and Adam states, by parameter name. The folder is
+converted into it once, in a scratch folder beside the output, and read from there: the weights, buffers and frozen
+parameters as DeepSpeed's ``zero_to_fp32`` merges them, each trained parameter's ``exp_avg``, ``exp_avg_sq`` and step,
+and the param groups' hyperparameters. The file keys the optimizer states by parameter name in the optimizer's order,
+as FSDP2 writes them: torch's ``Optimizer.load_state_dict`` (``ddp``) maps them by that order, FSDP2 by name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import staged_save
+from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import compatibility
+
+_STAGE_3_STATE = "optimizer_state_dict"  # deepspeed.checkpoint.constants.OPTIMIZER_STATE_DICT
+_WEIGHTS_ALONE = (
+    "For its weights and Lightning's state without the optimizer states: `lightning-strategies convert {path} "
+    "weights.ckpt --to full --drop-optimizer-states`; to keep them, resume it under the deepspeed strategies."
+)
+
+
+def to_full_checkpoint(
+    source: str | os.PathLike[str], destination: str | os.PathLike[str], weights_only: bool | None = None
+) -> Path:
+    """Write at ``destination`` one Lightning checkpoint holding everything the ZeRO checkpoint ``source`` resumes:
+    the whole fp32 weights, the Adam moments and steps by parameter name, schedulers and loop state."""
+    destination = Path(destination)
+    location = checkpoints.locate(source)
+    compatibility.check_saved_files(location.tag_folder)
+    if location.universal:
+        raise CheckpointError(
+            f"{location.directory} is in DeepSpeed's universal layout, which is read under the deepspeed strategies "
+            f"only. {_WEIGHTS_ALONE.format(path=source)}"
+        )
+    optimizer_file = checkpoints.optimizer_file_without_adam_state(location)
+    if optimizer_file is not None:  # refused before ds_to_universal fails on it with a KeyError
+        raise CheckpointError(
+            f"{source}: the optimizer saved in {optimizer_file.name} keeps no Adam moments (exp_avg, exp_avg_sq: SGD, "
+            f"Adagrad, ...), and one full file is written from DeepSpeed's universal layout, which carries those "
+            f"alone. {_WEIGHTS_ALONE.format(path=source)}"
+        )
+    checkpoint = checkpoints.convert_zero_checkpoint(source, weights_only=weights_only)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".lightning-strategies-universal-", dir=destination.parent) as scratch:
+        universal = Path(scratch) / "universal"
+        workers = max(1, min(os.cpu_count() or 1, 8))
+        checkpoints.write_universal(location.tag_folder, universal, source, workers)
+        checkpoint["optimizer_states"] = [_named_optimizer_state(universal, checkpoint["state_dict"], source)]
+    with staged_save(destination) as staged:
+        torch.save(checkpoint, staged)
+    return destination
+
+
+def _named_optimizer_state(universal: Path, weights: dict[str, torch.Tensor], source: Any) -> dict[str, Any]:
+    """torch's optimizer state dict of the universal tag folder ``universal``, keyed by parameter name."""
+    model_states = checkpoints.read_saved_file(checkpoints.rank_0_model_states(universal), weights_only=False)
+    saved = torch.load(universal / "zero" / "optimizer_state.pt", map_location="cpu", weights_only=False)
+    groups = saved["param_groups"]
+    names = [list(shapes) for shapes in model_states["param_shapes"]]
+    if len(names) != len(groups):
+        raise CheckpointError(
+            f"{source}: DeepSpeed recorded {len(names)} groups of parameter names for {len(groups)} optimizer param "
+            f"groups, so which hyperparameters are whose is not known. {_WEIGHTS_ALONE.format(path=source)}"
+        )
+    stage_3_steps = _stage_3_steps(saved)
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for name in (name for group_names in names for name in group_names):
+        folder = universal / "zero" / name
+        shape = weights[name].shape
+        entry = {key: _universal_tensor(folder / f"{key}.pt").reshape(shape) for key in checkpoints.ADAM_STATES}
+        # Stages 1 and 2 keep each parameter's step beside its moments, stage 3 one step for all of them. Each
+        # parameter gets a tensor of its own: torch's Adam increments its step in place, so one shared tensor would
+        # count every parameter's steps.
+        step = torch.load(folder / "step.pt", weights_only=False) if stage_3_steps is None else stage_3_steps
+        state[name] = {"step": torch.tensor(float(step)), **entry}
+    param_groups = [{**group, "params": group_names} for group, group_names in zip(groups, names, strict=True)]
+    return {"state": state, "param_groups": param_groups}
+
+
+def _universal_tensor(path: Path) -> torch.Tensor:
+    """A state file of the universal layout: ``{"param": tensor, "cat_dim": ...}`` (stages 1 and 2) or the flat
+    tensor itself (stage 3)."""
+    loaded = torch.load(path, map_location="cpu", weights_only=False)
+    return (loaded["param"] if isinstance(loaded, dict) else loaded).float()
+
+
+def _stage_3_steps(saved: dict[str, Any]) -> float | None:
+    """Stage 3's one step count (its optimizer steps every partition together), or None for stages 1 and 2."""
+    if _STAGE_3_STATE not in saved:
+        return None
+    steps = {float(entry["step"]) for entry in saved[_STAGE_3_STATE]["state"].values() if "step" in entry}
+    if len(steps) != 1:
+        raise CheckpointError(
+            f"DeepSpeed's ZeRO stage 3 optimizer state holds {len(steps)} different step counts ({sorted(steps)}); "
+            "one full checkpoint keeps one per parameter, and which is whose is not recorded."
+        )
+    return steps.pop()
