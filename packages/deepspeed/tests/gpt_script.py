@@ -130,9 +130,10 @@ def perform(run: dict, folder: Path) -> dict:
 
     steps = run.get("steps", 10)
     folder.mkdir(parents=True, exist_ok=True)
-    trainer, model, norms = fit(run, str(folder), steps)
+    trainer, model, norms = fit(run, str(folder), steps, ckpt_path=run.get("resume_from"))
     first, last = sum(model.losses[:3]) / 3, sum(model.losses[-3:]) / 3
     result = {"first_loss": first, "last_loss": last, "finite": all(map(math.isfinite, model.losses)),
+              "global_step": trainer.global_step, "steps_run": len(model.losses),
               "deepspeed_accelerator": get_accelerator().device_name(), "grad_norms": norms.norms,
               "world_size": trainer.world_size,
               "config": json.loads(json.dumps(trainer.strategy.config, default=str)),
@@ -141,6 +142,7 @@ def perform(run: dict, folder: Path) -> dict:
         checkpoint = folder / "run.ckpt"
         trainer.save_checkpoint(checkpoint)
         result["saved_tag_file"] = (checkpoint / "latest").is_file()
+        result["checkpoint"] = str(checkpoint)
         resumed, resumed_model, _ = fit(run, str(folder), 2 * steps, ckpt_path=str(checkpoint))
         result["resumed_global_step"], result["resumed_steps_run"] = resumed.global_step, len(resumed_model.losses)
         result["resumed_world_size"] = resumed.world_size
@@ -170,7 +172,8 @@ def gradient_slots(optimizer) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, precision, steps, "
-                        "accelerator, clip, resume, config_optimizer, offload_ratio, accumulate")  # fmt: skip
+                        "accelerator, clip, resume, resume_from (a checkpoint to fit from), config_optimizer, "
+                        "offload_ratio, accumulate")  # fmt: skip
     parser.add_argument("--folder", required=True, help="NVMe offload and checkpoints go below it")
     parser.add_argument("--out", required=True, help="JSON results, one per run, written after each run")
     arguments = parser.parse_args()
@@ -195,6 +198,7 @@ def run_key(run: dict) -> str:
     options += [f"offload{run['offload_ratio']}"] if run.get("offload_ratio") else []
     options += [f"accumulate{run['accumulate']}"] if run.get("accumulate") else []
     options += ["fp32-host-gradients"] if run.get("fp32_host_gradients") else []
+    options += ["resumed"] if run.get("resume_from") else []
     return "-".join([run["strategy"], f"{run['devices']}gpu", *options])
 
 
