@@ -24,6 +24,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_strategies.speed import flops_per_token, whole_numel
+
 # Llama 3 shapes (https://huggingface.co/meta-llama): width, MLP width, layers, heads, key-value heads, tied embeddings.
 SIZES = {
     "tiny": (64, 128, 2, 4, 2, False),
@@ -45,18 +47,6 @@ def llama_config(size: str) -> Any:
     )  # fmt: skip
 
 
-def flops_per_token(size: str, length: int) -> tuple[int, int]:
-    """(parameters, training FLOPs per token): 6 per matmul parameter, plus attention's 12 x layers x width x
-    length (as PaLM's appendix counts it)."""
-    width, mlp, layers, heads, kv_heads, tied = SIZES[size]
-    head = width // heads
-    block = width * (heads * head) + 2 * width * (kv_heads * head) + (heads * head) * width + 3 * width * mlp
-    embeddings = VOCABULARY[size] * width * (1 if tied else 2)
-    parameters = layers * (block + 2 * width) + embeddings + width
-    matmul = layers * block + VOCABULARY[size] * width  # the output projection is a matmul, the embedding lookup not
-    return parameters, 6 * matmul + 12 * layers * width * length
-
-
 class Tokens(Dataset):
     def __init__(self, size: str, length: int, count: int) -> None:
         self.size, self.length, self.count = size, length, count
@@ -74,6 +64,8 @@ class Llama(LightningModule):
         self.size, self.pretrained, self.optimizer_name = size, pretrained, optimizer
         self.batch, self.length, self.steps = batch, length, steps
         self.model: Any = None
+        self.parameters_whole = 0
+        self.flops_per_token = 0
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -84,6 +76,11 @@ class Llama(LightningModule):
             self.model = transformers.AutoModelForCausalLM.from_pretrained(self.pretrained, dtype=torch.float32)
         else:
             self.model = transformers.AutoModelForCausalLM.from_config(llama_config(self.size), dtype=torch.float32)
+        # Counted as SpeedMonitor counts them, so the MFU recorded here is the one users log. Counted now, while
+        # every parameter still tells its whole size (ZeRO-3's ds_numel, a lazy or meta tensor's shape): once set
+        # up, Gemini's chunks and FSDP1's flat shards leave the module's parameters empty or partial.
+        self.parameters_whole = sum(whole_numel(parameter) for parameter in self.model.parameters())
+        self.flops_per_token = flops_per_token(self.model, self.length)
 
     def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
         return self.model(input_ids=batch, labels=batch).loss
@@ -232,17 +229,19 @@ def main(argv: list[str] | None = None) -> None:
     trainer.callbacks.append(timeline)
     trainer.fit(module)
     memory.running = False
-    record(arguments, trainer, timeline, memory)
+    record(arguments, trainer, module, timeline, memory)
 
 
-def record(arguments: argparse.Namespace, trainer: Trainer, timeline: Timeline, memory: MachineMemory) -> None:
+def record(
+    arguments: argparse.Namespace, trainer: Trainer, module: Llama, timeline: Timeline, memory: MachineMemory
+) -> None:
     from tools.benchmark import environment, measure
 
     device = trainer.strategy.root_device
     peaks = measure.memory_peaks(device)
     if not trainer.is_global_zero:
         return
-    parameters, flops = flops_per_token(arguments.size, arguments.length)
+    parameters, flops = module.parameters_whole, module.flops_per_token
     timed = timeline.step_ends[2:]  # the first steps warm up kernels and allocators
     seconds = (timed[-1] - timed[0]) / (len(timed) - 1) if len(timed) > 1 else None
     tokens = arguments.batch * arguments.length * trainer.world_size

@@ -363,7 +363,7 @@ def measure(
         samplers = [TreeSampler(process.pid, limit=host_limit) for process in processes]
         for sampler in samplers:
             sampler.start()
-        outputs = [read_output(process, timeout) for process in processes]
+        outputs = read_outputs(processes, timeout)
         node_peaks = [sampler.stop() for sampler in samplers]
         node = max(range(len(node_peaks)), key=node_peaks.__getitem__)
         sampler, output = samplers[node], "\n".join(outputs)
@@ -401,6 +401,14 @@ def node_devices(configuration: Configuration, node: int, accelerator: str) -> d
         return {}
     first = node * configuration.devices
     return {"CUDA_VISIBLE_DEVICES": ",".join(str(first + index) for index in range(configuration.devices))}
+
+
+def read_outputs(processes: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Everything each of ``processes`` printed, one after another under one deadline ``timeout`` seconds from now:
+    each later process gets only the time left, so a hung fit of several nodes ends in ``timeout``, not one per
+    node."""
+    deadline = time.monotonic() + timeout
+    return [read_output(process, max(0.0, deadline - time.monotonic())) for process in processes]
 
 
 def read_output(process: subprocess.Popen, timeout: float) -> str:

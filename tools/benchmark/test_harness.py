@@ -390,6 +390,28 @@ def test_a_tree_over_the_host_limit_is_stopped_and_the_moment_noted() -> None:
     assert peak > 200 * 2**20
 
 
+def test_the_nodes_launchers_share_one_deadline() -> None:
+    import time
+
+    from tools.benchmark.memory_accuracy import read_outputs
+
+    hung = [subprocess.Popen(["sh", "-c", "echo started; sleep 60"], stdout=subprocess.PIPE, text=True) for _ in "ab"]
+    timeout = 2.0
+    started = time.monotonic()
+    try:
+        outputs = read_outputs(hung, timeout)
+        elapsed = time.monotonic() - started
+        returncodes = [process.poll() for process in hung]
+    finally:
+        for process in hung:
+            process.kill()
+            process.wait()
+    # Read one after another, each with a timeout of its own, the two would take twice the timeout.
+    assert elapsed < 1.5 * timeout
+    assert returncodes == [-9, -9]  # both killed by the harness, the second with no time of its own
+    assert outputs == ["started\n", "started\n"]  # what each printed before it was killed
+
+
 def test_lightning_builtin_is_predicted_as_our_strategy_of_the_same_settings() -> None:
     pytest.importorskip("lightning_strategies_deepspeed")
     from tools.benchmark.memory_accuracy import BY_ID, prediction

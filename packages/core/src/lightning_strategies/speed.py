@@ -159,11 +159,12 @@ class SpeedMonitor(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        tokens = self._count_tokens(batch)
+        ids = token_tensor(batch)  # looked up once: both the count and, on the first batch, the length read it
+        tokens = self._count_tokens(batch, ids)
         if tokens is None:
             return
         if self.flops_per_token is None:
-            self.flops_per_token = flops_per_token(pl_module, self._sequence_length(batch))
+            self.flops_per_token = flops_per_token(pl_module, self._sequence_length(ids))
             if not self.flops_per_token:
                 rank_zero_warn(
                     "SpeedMonitor counted no parameters in the model (a strategy that keeps them out of the module), "
@@ -184,11 +185,10 @@ class SpeedMonitor(Callback):
             metrics["speed/mfu"] = flops_per_second / self._peak
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=self.prog_bar, batch_size=1)
 
-    def _count_tokens(self, batch: Any) -> int | None:
+    def _count_tokens(self, batch: Any, ids: torch.Tensor | None) -> int | None:
         if self.tokens_per_batch is not None:
             return int(self.tokens_per_batch(batch))
-        tokens = token_tensor(batch)
-        if tokens is None:
+        if ids is None:
             if not self._warned_tokens:
                 self._warned_tokens = True
                 rank_zero_warn(
@@ -196,8 +196,8 @@ class SpeedMonitor(Callback):
                     "SpeedMonitor(tokens_per_batch=lambda batch: ...) returning the batch's token count."
                 )
             return None
-        return tokens.numel()
+        return ids.numel()
 
-    def _sequence_length(self, batch: Any) -> int:
-        tokens = token_tensor(batch)
-        return int(tokens.shape[-1]) if tokens is not None and tokens.dim() else 1
+    @staticmethod
+    def _sequence_length(ids: torch.Tensor | None) -> int:
+        return int(ids.shape[-1]) if ids is not None and ids.dim() else 1

@@ -12,6 +12,7 @@ what to do instead.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import OrderedDict
 from importlib.metadata import version
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, staged_save
-from lightning_strategies_deepspeed.checkpoint import TAG, UNIVERSAL_SUFFIX, _client_state
+from lightning_strategies_deepspeed.checkpoint import _RANK_0_MODEL_STATES, TAG, UNIVERSAL_SUFFIX, _client_state
 
 _ADAM_STATES = ("exp_avg", "exp_avg_sq")
 _STAGE_3_STATE = "optimizer_state_dict"  # deepspeed.checkpoint.constants.OPTIMIZER_STATE_DICT
@@ -107,9 +108,15 @@ def from_full_checkpoint(
             "ds_version": ds_version,
             **_client_state(rest),
         }  # fmt: skip
-        # Stage 1 and 2 read the first name, stage 3 the second.
-        for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
-            torch.save(model_states, staged / universal_tag / name)
+        # Stage 1 and 2 read the first name, stage 3 the second: one file under both names, written once (the whole
+        # module, twice its size in writes otherwise). A link is safe as nothing writes into either in place later,
+        # which would change both: saves and conversions write new files into a staged folder.
+        written, linked = (staged / universal_tag / name for name in _RANK_0_MODEL_STATES)
+        torch.save(model_states, written)
+        try:
+            os.link(written, linked)
+        except OSError:  # a file system without hard links (FAT, some network and FUSE mounts)
+            shutil.copyfile(written, linked)
         (staged / "latest_universal").write_text(universal_tag)
     return destination
 
