@@ -352,6 +352,8 @@ def write_universal(tag_folder: Path, output_tag_folder: Path, checkpoint: str |
 
 
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
+# Where ZeRO stage 3 keeps its optimizer's own state dict (deepspeed.checkpoint.constants.OPTIMIZER_STATE_DICT).
+STAGE_3_OPTIMIZER_STATE = "optimizer_state_dict"
 
 
 def optimizer_file_without_adam_state(location: CheckpointLocation) -> Path | None:

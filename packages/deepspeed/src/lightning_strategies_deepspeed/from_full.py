@@ -22,10 +22,15 @@ import torch
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import load_file, staged_save
-from lightning_strategies_deepspeed.checkpoint import _RANK_0_MODEL_STATES, TAG, UNIVERSAL_SUFFIX, _client_state
+from lightning_strategies_deepspeed.checkpoint import (
+    _RANK_0_MODEL_STATES,
+    ADAM_STATES,
+    STAGE_3_OPTIMIZER_STATE,
+    TAG,
+    UNIVERSAL_SUFFIX,
+    _client_state,
+)
 
-_ADAM_STATES = ("exp_avg", "exp_avg_sq")
-_STAGE_3_STATE = "optimizer_state_dict"  # deepspeed.checkpoint.constants.OPTIMIZER_STATE_DICT
 _INSTEAD = (
     "To go on under DeepSpeed from it, write its weights alone (`lightning-strategies convert {path} weights.ckpt "
     "--to full --drop-optimizer-states`) and resume from that file with DeepSpeedStrategy(load_full_weights=True): "
@@ -62,7 +67,7 @@ def from_full_checkpoint(
             folder.mkdir(parents=True)
             parameter = state_dict[name].detach().float()
             torch.save({"cat_dim": 0, "param": parameter}, folder / "fp32.pt")
-            for key in _ADAM_STATES:
+            for key in ADAM_STATES:
                 torch.save({"cat_dim": 0, "param": state[key].detach().float()}, folder / f"{key}.pt")
             torch.save(torch.tensor(float(state["step"])), folder / "step.pt")
         ds_version = version("deepspeed")
@@ -78,7 +83,7 @@ def from_full_checkpoint(
                 # one (else stage 3 cannot resume the folder; stages 1 and 2 read each group's).
                 **(
                     {
-                        _STAGE_3_STATE: {
+                        STAGE_3_OPTIMIZER_STATE: {
                             "state": {0: {"step": torch.tensor(steps.pop())}},
                             "param_groups": hyperparameters[:1],
                         }
@@ -149,7 +154,7 @@ def _named_optimizer_state(
     states: dict[str, dict[str, Any]] = {}
     for key, name in by_key.items():
         state = optimizer["state"].get(key)
-        if not isinstance(state, dict) or not all(entry in state for entry in (*_ADAM_STATES, "step")):
+        if not isinstance(state, dict) or not all(entry in state for entry in (*ADAM_STATES, "step")):
             raise CheckpointError(
                 f"{source} has no Adam moments (exp_avg, exp_avg_sq, step) for {name}: DeepSpeed's universal layout "
                 f"carries Adam-type states of parameters that have taken a step. {_INSTEAD.format(path=source)}"

@@ -24,7 +24,6 @@ from lightning_strategies.checkpoints import staged_save
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
 
-_STAGE_3_STATE = "optimizer_state_dict"  # deepspeed.checkpoint.constants.OPTIMIZER_STATE_DICT
 _WEIGHTS_ALONE = (
     "For its weights and Lightning's state without the optimizer states: `lightning-strategies convert {path} "
     "weights.ckpt --to full --drop-optimizer-states`; to keep them, resume it under the deepspeed strategies."
@@ -98,9 +97,10 @@ def _universal_tensor(path: Path) -> torch.Tensor:
 
 def _stage_3_steps(saved: dict[str, Any]) -> float | None:
     """Stage 3's one step count (its optimizer steps every partition together), or None for stages 1 and 2."""
-    if _STAGE_3_STATE not in saved:
+    stage_3 = saved.get(checkpoints.STAGE_3_OPTIMIZER_STATE)
+    if stage_3 is None:
         return None
-    steps = {float(entry["step"]) for entry in saved[_STAGE_3_STATE]["state"].values() if "step" in entry}
+    steps = {float(entry["step"]) for entry in stage_3["state"].values() if "step" in entry}
     if len(steps) != 1:
         raise CheckpointError(
             f"DeepSpeed's ZeRO stage 3 optimizer state holds {len(steps)} different step counts ({sorted(steps)}); "
