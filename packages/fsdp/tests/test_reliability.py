@@ -120,13 +120,13 @@ def test_damaged_sharded_checkpoint_is_refused_with_the_fix(reference_run: Path,
 def test_each_shards_checksum_computed_while_saving_is_that_of_the_file_on_disk(reference_run: Path) -> None:
     """The sums are taken from the bytes as they are written (the shard is not read back): they must describe the
     files exactly as they lie in the published folder, every rank's."""
-    from lightning_strategies_fsdp.checksums import crc32_of, saved_checksums
+    from lightning_strategies_fsdp.checksums import PIECE, piece_crc32s, saved_checksums
 
     folder = reference_run / "sharded_4"
     recorded = saved_checksums(folder)
     shards = sorted(path.name for path in folder.glob("*.distcp"))
     assert sorted(recorded) == shards == ["__0_0.distcp", "__1_0.distcp"]
-    assert all(recorded[name] == crc32_of(folder / name) for name in shards)
+    assert all(recorded[name] == {"piece_bytes": PIECE, "crc32": piece_crc32s(folder / name)} for name in shards)
 
 
 def test_a_folder_saved_without_checksums_loads_unverified_and_says_so(reference_run: Path, tmp_path: Path) -> None:

@@ -210,11 +210,8 @@ class _CheckedReader(FileSystemReader):
                 "missing or unreadable), though it has them for other shards: these are loaded unverified.",
                 stacklevel=2,
             )
-        for name, found, recorded in mismatches(self._folder, names, self._checksums):
-            raise CheckpointError(
-                f"{self._folder / name} is damaged: its CRC-32 is {found:08x}, where the save recorded "
-                f"{recorded:08x}. {_damaged(self._folder)}"
-            )
+        for name, difference in mismatches(self._folder, names, self._checksums):
+            raise CheckpointError(f"{self._folder / name} is damaged: {difference}. {_damaged(self._folder)}")
         return super().read_data(plan, planner)
 
     @override
