@@ -36,3 +36,29 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 def test_case(trained: Path, case: conformance.Case) -> None:
     assert conformance.check_results(trained, [case], atol=ATOL, rtol=RTOL)[case.name] == []
+
+
+def test_a_sharded_checkpoint_exports_to_hugging_face(tmp_path: Path) -> None:
+    """Gemini's sharded folder (state_dict_type="sharded"), written back out in Hugging Face's layout by
+    ``lightning_strategies.hugging_face.export``: the exported model predicts what the trained one did."""
+    from lightning.pytorch import Trainer
+
+    from lightning_strategies import hugging_face
+    from lightning_strategies_colossalai.strategy import ColossalAIStrategy
+
+    case = conformance.Case("llama", "config")
+    module = conformance.HuggingFaceModule(
+        case, None, learning_rate=1e-3, optimizer=conformance.optimizer_for("colossalai_cuda")
+    )
+    trainer = Trainer(
+        strategy=ColossalAIStrategy(placement_policy="cuda", state_dict_type="sharded"), accelerator="cuda",
+        devices=1, precision="16-mixed", max_steps=case.steps, use_distributed_sampler=False,
+        default_root_dir=tmp_path / case.name, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(module)
+    (after,) = trainer.predict(module)
+    saved = tmp_path / case.name / "last.ckpt"
+    assert saved.is_dir(), "Gemini's sharded layout is a folder"
+    hugging_face.export(saved, tmp_path / case.name / "last-exported")
+    assert conformance.export_problems(tmp_path, case, after, ATOL) == []

@@ -35,12 +35,15 @@ __all__ = [
     "FAMILIES",
     "MODES",
     "Case",
+    "HuggingFaceModule",
     "check_fabric_results",
     "check_results",
     "data",
     "eager_model",
+    "export_problems",
     "initialisation_problems",
     "launch",
+    "optimizer_for",
     "tiny_config",
     "write_pretrained",
 ]
@@ -503,7 +506,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
                 problems.append(f"classifier accuracy {accuracy:.2f} after training, below {CLASSIFIER_ACCURACY}")
         if case.mode == "lora" and result["trained_beside_adapters"]:
             problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
-        problems += _export_problems(folder, case, logits["after"], atol)
+        problems += export_problems(folder, case, logits["after"], atol)
         problems += _flops_problems(case, result.get("flops_per_token"))
     return report
 
@@ -525,7 +528,7 @@ def check_fabric_results(folder: Path, cases: list[Case], atol: float = 1e-4) ->
         losses = result["losses"]
         problems += _learning_problems(losses)
         after = torch.load(folder / case.name / "logits.pt", weights_only=True)["after"]
-        problems += _export_problems(folder, case, after, atol)
+        problems += export_problems(folder, case, after, atol)
     return report
 
 
@@ -550,8 +553,9 @@ def _learning_problems(losses: list[float]) -> list[str]:
     return [f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}"]
 
 
-def _export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float) -> list[str]:
-    """Whether the case's exported folder predicts ``trained``, the trained model's predictions."""
+def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float) -> list[str]:
+    """What is wrong (nothing: empty) with the case's exported folder ``<folder>/<case>/last-exported``: it must predict
+    ``trained``, the trained model's predictions, within ``atol``."""
     exported_folder = folder / case.name / "last-exported"
     pretrained = None if case.mode == "config" else folder / "pretrained" / case.family
     if case.mode == "lora":  # the adapter alone, loaded onto the model it was trained on
