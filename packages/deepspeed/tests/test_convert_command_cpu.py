@@ -150,3 +150,29 @@ def test_a_dcp_folder_with_its_adam_moments(zero_folder, tmp_path, capsys):
     assert_named_adam_states(back, list(trained["weights"]), steps=2)
     # The full file it went through was temporary.
     assert sorted(path.name for path in tmp_path.iterdir()) == ["back.ckpt", "sharded"]
+
+
+@pytest.mark.parametrize("groups_agree", [True, False])
+def test_stage_3_refuses_a_universal_folder_without_one_step_for_all(tmp_path, groups_agree):
+    """ZeRO stage 3 restores one step count and one set of hyperparameters for all parameters: a folder written from
+    param groups that differ holds none, and stage 3 is refused before DeepSpeed fails on it (a KeyError)."""
+    from lightning_strategies import CheckpointError
+    from lightning_strategies_deepspeed.checkpoint import check_universal_fits_stage, locate
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(
+        [{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.1 if groups_agree else 0.01}]
+    )
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
+    torch.save(checkpoint, tmp_path / "groups.ckpt")
+    assert cli(["convert", str(tmp_path / "groups.ckpt"), str(tmp_path / "zero"), "--to", "deepspeed"]) == 0
+    location = locate(tmp_path / "zero")
+    for stage, load_optimizer_states in ((1, True), (2, True), (3, False)):
+        check_universal_fits_stage(location, stage, load_optimizer_states)
+    if groups_agree:
+        check_universal_fits_stage(location, 3, True)
+        return
+    with pytest.raises(CheckpointError, match=r"Resume it under deepspeed_stage_1 or deepspeed_stage_2"):
+        check_universal_fits_stage(location, 3, True)

@@ -172,6 +172,7 @@ def load_into_engine(
         # Read by engine.load_checkpoint only; set for this load alone, so that a later load on the same engine
         # (validate after a resume converted on the fly) reads its own checkpoint's layout.
         engine._config.load_universal_checkpoint = True
+        check_universal_fits_stage(location, engine.zero_optimization_stage(), load_optimizer_states)
     else:  # a universal checkpoint loads on any number of processes
         engine_layout = compatibility.EngineLayout.of(engine, world_size)
         compatibility.check_fits(location.directory, layout, engine_layout, load_optimizer_states)
@@ -192,6 +193,25 @@ def load_into_engine(
             "saved, or a single weights file with load_full_weights=True."
         )
     return _restore_shadowed_keys(client_state)
+
+
+def check_universal_fits_stage(location: CheckpointLocation, stage: int, load_optimizer_states: bool) -> None:
+    """ZeRO stage 3 restores one step count and one set of hyperparameters for all parameters from a universal folder
+    (DeepSpeed's KeyError otherwise): only folders converted from stage 3, or written from one full file whose param
+    groups agree, hold them. Refused before DeepSpeed reads the folder, with the stages that do resume it."""
+    if stage != 3 or not load_optimizer_states:
+        return
+    state = read_saved_file(location.tag_folder / "zero" / "optimizer_state.pt", weights_only=False, mmap=True)
+    if STAGE_3_OPTIMIZER_STATE in state:
+        return
+    raise CheckpointError(
+        f"{location.directory} is in DeepSpeed's universal layout without the one step count and set of "
+        "hyperparameters that ZeRO stage 3 restores for all parameters: it was converted from ZeRO stage 1 or 2, or "
+        "written by `lightning-strategies convert --to deepspeed` from a run whose param groups differ in them. "
+        "Resume it under deepspeed_stage_1 or deepspeed_stage_2, or its weights alone under stage 3 "
+        "(`lightning-strategies convert CKPT weights.ckpt --to full --drop-optimizer-states`, then "
+        "DeepSpeedStrategy(stage=3, load_full_weights=True); the optimizer starts afresh)."
+    )
 
 
 def save(engine: Any, path: Path, client_state: dict[str, Any], exclude_frozen_parameters: bool) -> None:
