@@ -172,7 +172,11 @@ def test_universal_loading_is_set_for_that_load_alone(tmp_path):
         seen.append(engine._config.load_universal_checkpoint)
         return None, {"epoch": 1}
 
-    engine = SimpleNamespace(_config=SimpleNamespace(load_universal_checkpoint=False), load_checkpoint=load_checkpoint)
+    engine = SimpleNamespace(
+        _config=SimpleNamespace(load_universal_checkpoint=False),
+        load_checkpoint=load_checkpoint,
+        zero_optimization_stage=lambda: 2,  # stage 3 would first check the folder's stage-3 state
+    )
     engine.checkpoint_engine = None
     location = CheckpointLocation(tmp_path, "checkpoint_universal", universal=True)
     assert load_into_engine(engine, location, None, 1, True, None, True) == {"epoch": 1}
