@@ -243,3 +243,21 @@ def test_the_legacy_torch_save_format_is_read(tmp_path: Path) -> None:
     torch.save({"step": 3}, path, _use_new_zipfile_serialization=False)
     check_file(path)
     assert load_file(path, weights_only=True, mmap=True) == {"step": 3}
+
+
+def test_optimizer_states_keyed_by_name_from_positions():
+    from lightning_strategies.checkpoints import keyed_by_name
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.Adam([{"params": [model[0].weight]}, {"params": [model[0].bias], "lr": 0.1}])
+    model[0](torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    named = keyed_by_name(state, ["0.weight", "0.bias"])
+    assert named is not None
+    assert [group["params"] for group in named["param_groups"]] == [["0.weight"], ["0.bias"]]
+    assert [group["lr"] for group in named["param_groups"]] == [0.001, 0.1]
+    assert named["state"]["0.bias"]["exp_avg"] is state["state"][1]["exp_avg"]
+    assert keyed_by_name(named, ["anything"]) == named  # keyed by name already
+    # Positions for two of the state_dict's seven entries (the others the norm's parameters and buffers): not whose.
+    assert keyed_by_name(state, list(model.state_dict())) is None

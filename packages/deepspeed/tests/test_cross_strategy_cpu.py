@@ -22,6 +22,7 @@ import torch
 from conftest import train_together
 
 from lightning_strategies.checkpoints import STAGING_FOLDER
+from lightning_strategies.cli import main as cli
 from lightning_strategies_deepspeed.checkpoint import convert_zero_checkpoint
 
 pytest.importorskip("lightning_strategies_fsdp")
@@ -91,6 +92,11 @@ def resumed(folder, saved):
         for source in ("ddp", "fsdp-full", "ddp-weights")
         for target in FOLLOWING_ADVICE
     }
+    # ddp's file (optimizer states by position) made a DCP folder by the convert command, resumed by both.
+    assert cli(["convert", str(folder / "ddp.ckpt"), str(folder / "ddp-as-dcp.ckpt"), "--to", "fsdp"]) == 0
+    runs |= {
+        f"ddp-as-dcp->{target}": _run(target, **FULL, resume=folder / "ddp-as-dcp.ckpt") for target in ("ddp", "fsdp")
+    }
     return train_together(folder / "resumes", runs)
 
 
@@ -125,6 +131,9 @@ MATRIX = {
     **{(source, target): ("refused-clear", DROPPED) for source in ("ddp", "fsdp-full") for target in FOLLOWING_ADVICE},
     # Agreed: the weights, schedulers and loops resume, the optimizer starts afresh.
     **{("ddp-weights", target): ("agreed", None) for target in FOLLOWING_ADVICE},
+    # Before: fsdp refused it (DCP's "Missing key ... optimizer_0.state.net.0.weight.step"), ddp resumed it with no
+    # Adam state (the positions came back from DCP as strings). Now the folder keys the states by name.
+    **{("ddp-as-dcp", target): EXACT for target in ("ddp", "fsdp")},
     # The converted ZeRO folder has no optimizer states: a fit from it is refused.
     ("deepspeed_stage_2-converted", "ddp"): ("refused-clear", LIGHTNING_NO_OPTIMIZER),
     ("deepspeed_stage_2-converted", "fsdp"): ("refused-clear", r"holds the model but no optimizer states"),

@@ -73,3 +73,28 @@ def test_colossalai_gets_the_file_without_states_it_would_skip(reference_run: Pa
     written = torch.load(out, weights_only=False)
     assert "optimizer_states" not in written
     assert_close(written["state_dict"], load_weights(reference_run / "weights_4.pt"))
+
+
+@pytest.mark.parametrize("with_buffers", [False, True])
+def test_a_file_saved_by_ddp_converts_with_its_adam_states(tmp_path: Path, with_buffers: bool) -> None:
+    """torch keys a plain run's optimizer state by parameter position. Where every state_dict entry is a trained
+    parameter, the DCP folder keys it by name, as the fsdp strategies save it (and resume it); with buffers beside
+    them, which position is whose is not recorded, and the positions come back as ints (DCP keeps dict keys as
+    strings, which torch's load_state_dict would match to no parameter, restoring no state, silently)."""
+    layers = [torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)]
+    model = torch.nn.Sequential(*layers, *([torch.nn.BatchNorm1d(2)] if with_buffers else []))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    saved = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
+    torch.save(saved, tmp_path / "ddp.ckpt")
+    assert cli(["convert", str(tmp_path / "ddp.ckpt"), str(tmp_path / "sharded"), "--to", "fsdp"]) == 0
+    back = torch.load(sharded_to_full(tmp_path / "sharded", tmp_path / "back.ckpt"), weights_only=True)
+    (state,) = back["optimizer_states"]
+    names = [name for name, _ in model.named_parameters()]
+    assert list(state["state"]) == (list(range(len(names))) if with_buffers else names)
+    restored = torch.optim.Adam(model.parameters())
+    restored.load_state_dict(state)  # by the order of param_groups, names or positions alike
+    for parameter in model.parameters():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(restored.state[parameter][key], optimizer.state[parameter][key])

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import load_file, staged_save
+from lightning_strategies.checkpoints import keyed_by_name, load_file, staged_save
 from lightning_strategies_deepspeed.checkpoint import (
     _RANK_0_MODEL_STATES,
     ADAM_STATES,
@@ -137,23 +137,17 @@ def _named_optimizer_state(
             + _INSTEAD.format(path=source)
         )
     (optimizer,) = optimizers
-    saved_groups = optimizer.get("param_groups") or []
-    keys = [key for group in saved_groups for key in group.get("params", [])]
-    if all(isinstance(key, str) for key in keys):
-        by_key = {key: key for key in keys}
-    elif all(isinstance(key, int) for key in keys) and sorted(keys) == list(range(len(names))):
-        # torch numbers parameters in the order the module lists them; with as many parameters as state_dict
-        # entries (no buffers, nothing frozen), that order is the state_dict's.
-        by_key = {key: names[key] for key in keys}
-    else:
+    named = keyed_by_name(optimizer, names)
+    if named is None:
+        count = sum(len(group.get("params", [])) for group in optimizer.get("param_groups") or [])
         raise CheckpointError(
-            f"{source} keeps its optimizer states by position for {len(keys)} of its {len(names)} state_dict entries "
+            f"{source} keeps its optimizer states by position for {count} of its {len(names)} state_dict entries "
             "(the others are buffers or frozen weights), so which state is which parameter's is not recorded. "
             + _INSTEAD.format(path=source)
         )
     states: dict[str, dict[str, Any]] = {}
-    for key, name in by_key.items():
-        state = optimizer["state"].get(key)
+    for name in (name for group in named["param_groups"] for name in group["params"]):
+        state = named["state"].get(name)
         if not isinstance(state, dict) or not all(entry in state for entry in (*ADAM_STATES, "step")):
             raise CheckpointError(
                 f"{source} has no Adam moments (exp_avg, exp_avg_sq, step) for {name}: DeepSpeed's universal layout "
@@ -162,5 +156,4 @@ def _named_optimizer_state(
         if name not in names:
             raise CheckpointError(f"{source} holds optimizer states for {name}, which its state_dict lacks.")
         states[name] = state
-    groups = [{**group, "params": [by_key[key] for key in group.get("params", [])]} for group in saved_groups]
-    return groups, states
+    return named["param_groups"], states

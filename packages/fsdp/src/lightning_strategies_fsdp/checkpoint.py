@@ -38,7 +38,13 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import load_file, reads_torch_save_files, staged_save, weights_only_keyword
+from lightning_strategies.checkpoints import (
+    keyed_by_name,
+    load_file,
+    reads_torch_save_files,
+    staged_save,
+    weights_only_keyword,
+)
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
 from lightning_strategies.hugging_face import recorded_models
 from lightning_strategies_fsdp.checksums import summing_writer, write_checksums
@@ -319,6 +325,22 @@ def _holds_parameter_tensors(state: Mapping[Any, Any]) -> bool:
     )
 
 
+def _positions_restored(state: Any) -> Any:
+    """An optimizer state keyed by parameter position (torch's own, as ddp saves it) comes back from DCP with its
+    ``state`` keys as strings ("0", "1", ...): DCP's paths hold dict keys as strings. torch's ``load_state_dict``
+    matches them against the int positions of ``param_groups`` and would restore no state, silently; they are ints
+    again here. States keyed by parameter name, and anything else, are returned as they are."""
+    if not (isinstance(state, Mapping) and isinstance(state.get("state"), Mapping) and "param_groups" in state):
+        return state
+    positions = [key for group in state["param_groups"] for key in group.get("params", [])]
+    if not positions or not all(isinstance(key, int) for key in positions):
+        return state
+    keys = state["state"].keys()
+    if not all(isinstance(key, str) and key.isdigit() for key in keys):
+        return state
+    return {**state, "state": {int(key): value for key, value in state["state"].items()}}
+
+
 def split_trainer_optimizers(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """Lightning's ``optimizer_states`` list as ``optimizer_0``, ``optimizer_1``... keys."""
     states = checkpoint.pop(TRAINER_OPTIMIZERS, None)
@@ -381,6 +403,9 @@ def sharded_to_full(
     checkpoint = {**whole, **rest}
     if "state_dict" in checkpoint:  # a Trainer checkpoint: keep Lightning's layout
         checkpoint = join_trainer_optimizers(checkpoint)
+    checkpoint = {key: _positions_restored(value) for key, value in checkpoint.items()}
+    if isinstance(checkpoint.get(TRAINER_OPTIMIZERS), list):
+        checkpoint[TRAINER_OPTIMIZERS] = [_positions_restored(state) for state in checkpoint[TRAINER_OPTIMIZERS]]
     with staged_checkpoint(destination) as staged:
         torch.save(checkpoint, staged)
     return destination
@@ -394,12 +419,24 @@ def full_to_sharded(
     check_checkpoint_path(source)
     if is_sharded_checkpoint(source):
         raise CheckpointError(f"{source} is a sharded checkpoint already; nothing to convert.")
-    checkpoint = split_trainer_optimizers(load_file(source, weights_only, map_location="cpu"))
+    checkpoint = _keyed_by_name(load_file(source, weights_only, map_location="cpu"))
+    checkpoint = split_trainer_optimizers(checkpoint)
     tensors = {key: value for key, value in checkpoint.items() if _is_sharded_state(value)}
     metadata = {key: value for key, value in checkpoint.items() if key not in tensors}
     with staged_checkpoint(destination) as staged, _in_one_process():
         save_sharded(staged, tensors, metadata, rank=0, no_dist=True)
     return destination
+
+
+def _keyed_by_name(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A Trainer file's optimizer states keyed by parameter name, as the fsdp strategies save and resume them, where
+    the file's positions map onto its ``state_dict`` exactly (core's ``keyed_by_name``; ddp's files); else kept by
+    position, which ddp resumes from the folder and the fsdp strategies do not."""
+    states, weights = checkpoint.get(TRAINER_OPTIMIZERS), checkpoint.get("state_dict")
+    if not isinstance(states, list) or not isinstance(weights, Mapping):
+        return checkpoint
+    named = [keyed_by_name(state, list(weights)) if isinstance(state, Mapping) else None for state in states]
+    return {**checkpoint, TRAINER_OPTIMIZERS: [new or old for new, old in zip(named, states, strict=True)]}
 
 
 def read_weights(source: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:

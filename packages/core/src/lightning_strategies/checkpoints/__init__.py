@@ -5,6 +5,7 @@
 - ``formats``: what a checkpoint on disk is (``identify``, asking each package's ``checkpoint_formats`` hook),
   and the error for another strategy's.
 - ``checkpoint_io``: the same for checkpoints written through Lightning's CheckpointIO plugins.
+- ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
 """
@@ -26,6 +27,7 @@ from lightning_strategies.checkpoints.formats import (
     identify,
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
+from lightning_strategies.checkpoints.optimizer_keys import keyed_by_name
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
     is_local,
@@ -48,6 +50,7 @@ __all__ = [
     "foreign_checkpoint_error",
     "identify",
     "is_local",
+    "keyed_by_name",
     "load_file",
     "one_file_for",
     "publish",

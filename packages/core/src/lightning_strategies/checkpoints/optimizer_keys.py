@@ -1,0 +1,33 @@
+"""Optimizer states keyed by parameter name, from those torch keys by position.
+
+torch's ``Optimizer.state_dict()`` (what ``ddp`` saves) keys each parameter's state by its position in the
+optimizer's param groups; FSDP2 and DeepSpeed's universal layout key it by parameter name. A full checkpoint file
+records both the model's ``state_dict`` names and the optimizer's positions, but not which position is which name,
+except where every ``state_dict`` entry is a parameter the optimizer trains: torch then numbers the parameters in
+the order the module lists them, which is the ``state_dict``'s. Converters into a name-keyed layout use this, and
+refuse (or keep the positions) where it does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def keyed_by_name(optimizer_state: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any] | None:
+    """``optimizer_state`` (torch's ``Optimizer.state_dict()`` layout) with its ``state`` and ``param_groups`` keyed
+    by parameter name: as it is where it is keyed by name already; converted where it is keyed by the positions
+    ``0 .. len(names) - 1``, ``names`` being the model's ``state_dict`` names in order; None where which state is
+    whose is not recorded (positions for only some of the entries: the others are buffers or frozen weights)."""
+    groups = optimizer_state.get("param_groups") or []
+    keys = [key for group in groups for key in group.get("params", [])]
+    if all(isinstance(key, str) for key in keys):
+        return dict(optimizer_state)
+    if not (all(isinstance(key, int) for key in keys) and sorted(keys) == list(range(len(names)))):
+        return None
+    state = optimizer_state.get("state") or {}
+    return {
+        **optimizer_state,
+        "state": {names[key]: value for key, value in state.items()},
+        "param_groups": [{**group, "params": [names[key] for key in group.get("params", [])]} for group in groups],
+    }
