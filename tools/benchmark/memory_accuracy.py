@@ -244,7 +244,8 @@ def prediction(
     return chosen[0].to_dict()
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
+    """``root``, its children, theirs, ... (pids, from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -265,12 +266,12 @@ def _descendants(root: int) -> list[int]:
 
 def kill_tree(root: int) -> None:
     """SIGKILL ``root`` and every process below it, the deepest first."""
-    for pid in reversed(_descendants(root)):
+    for pid in reversed(descendants(root)):
         with contextlib.suppress(OSError):  # it ended on its own meanwhile
             os.kill(pid, 9)
 
 
-def _status_fields(pid: int | str) -> dict[str, str]:
+def status_fields(pid: int | str) -> dict[str, str]:
     """``/proc/<pid>/status`` (``pid`` may be ``"self"``) as ``field -> value``, e.g. ``"VmRSS" -> "1024 kB"``;
     OSError where the process has gone."""
     lines = Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -280,9 +281,9 @@ def _status_fields(pid: int | str) -> dict[str, str]:
 def tree_rss(root: int) -> dict[str, int]:
     """Resident bytes of ``root`` and every process below it, now, by ``pid command``."""
     found = {}
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
-            fields = _status_fields(pid)
+            fields = status_fields(pid)
         except OSError:  # it ended since the listing
             continue
         if "VmRSS" in fields:
@@ -425,7 +426,7 @@ def resident_gib() -> tuple[float, float]:
     """(resident now, peak resident so far) of this process in GiB."""
     import resource
 
-    now_kib = int(_status_fields("self")["VmRSS"].split()[0])
+    now_kib = int(status_fields("self")["VmRSS"].split()[0])
     return now_kib / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 

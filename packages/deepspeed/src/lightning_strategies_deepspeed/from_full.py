@@ -45,7 +45,8 @@ def from_full_checkpoint(
     the deepspeed strategies (ZeRO stages 1, 2 and 3) resume with the weights, Adam moments and steps, schedulers and
     loop state of the full Lightning checkpoint file ``source``."""
     source, destination = Path(source), Path(destination)
-    checkpoint = load_file(source, weights_only, map_location="cpu")
+    # Mapped, not read: each tensor is written out from the file's pages, so host memory need not hold the model.
+    checkpoint = load_file(source, weights_only, map_location="cpu", mmap=True)
     state_dict = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state_dict, dict) or not state_dict:
         raise CheckpointError(f"{source} has no 'state_dict' entry, so it is no Trainer checkpoint of a model.")

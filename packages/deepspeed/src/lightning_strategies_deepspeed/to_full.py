@@ -56,9 +56,10 @@ def to_full_checkpoint(
         universal = Path(scratch) / "universal"
         workers = max(1, min(os.cpu_count() or 1, 8))
         checkpoints.write_universal(location.tag_folder, universal, source, workers)
+        # The moments stay mapped from the scratch folder's files until written: host memory holds the weights alone.
         checkpoint["optimizer_states"] = [_named_optimizer_state(universal, checkpoint["state_dict"], source)]
-    with staged_save(destination) as staged:
-        torch.save(checkpoint, staged)
+        with staged_save(destination) as staged:
+            torch.save(checkpoint, staged)
     return destination
 
 
@@ -91,7 +92,7 @@ def _named_optimizer_state(universal: Path, weights: dict[str, torch.Tensor], so
 def _universal_tensor(path: Path) -> torch.Tensor:
     """A state file of the universal layout: ``{"param": tensor, "cat_dim": ...}`` (stages 1 and 2) or the flat
     tensor itself (stage 3)."""
-    loaded = torch.load(path, map_location="cpu", weights_only=False)
+    loaded = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     return (loaded["param"] if isinstance(loaded, dict) else loaded).float()
 
 

@@ -419,7 +419,8 @@ def full_to_sharded(
     check_checkpoint_path(source)
     if is_sharded_checkpoint(source):
         raise CheckpointError(f"{source} is a sharded checkpoint already; nothing to convert.")
-    checkpoint = _keyed_by_name(load_file(source, weights_only, map_location="cpu"))
+    # Mapped, not read: DCP writes each tensor from the file's pages, so host memory need not hold the model.
+    checkpoint = _keyed_by_name(load_file(source, weights_only, map_location="cpu", mmap=True))
     checkpoint = split_trainer_optimizers(checkpoint)
     tensors = {key: value for key, value in checkpoint.items() if _is_sharded_state(value)}
     metadata = {key: value for key, value in checkpoint.items() if key not in tensors}

@@ -1,0 +1,120 @@
+"""Host memory and time of ``lightning-strategies convert`` on a large checkpoint: ``python -m tools.benchmark.convert_memory``.
+
+Writes one full Lightning checkpoint of the GPT of model.py (``--size``: its fp32 weights and AdamW's two moments
+after one step, on the CPU), then runs the command for each route, each in a process of its own, sampling the
+resident memory of its process tree: the anonymous part (what the conversion holds; ``RssAnon``) apart from the
+file-backed part (pages of the files it reads or writes mapped in, which the kernel drops under pressure). Writes
+the peaks, the seconds (or the error a route ended with) and the checkpoint's size to ``--out`` as JSON, with the
+versions, date and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tools.benchmark.environment import versions
+from tools.benchmark.memory_accuracy import descendants, status_fields
+from tools.benchmark.model import GPT
+from tools.benchmark.sizes import SIZES, VOCABULARY
+
+# (route, source, --to): the full file into each layout, and the DCP folder back, through each package's converter.
+ROUTES = [
+    ("full -> fsdp", "full.ckpt", "fsdp"),
+    ("full -> deepspeed", "full.ckpt", "deepspeed"),
+    ("fsdp -> full", "full -> fsdp", "full"),
+    ("fsdp -> deepspeed", "full -> fsdp", "deepspeed"),
+]
+
+
+def write_checkpoint(size: str, path: Path) -> None:
+    torch.manual_seed(0)
+    model = GPT(SIZES[size], length=16)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randint(0, VOCABULARY, (1, 17))).backward()
+    optimizer.step()
+    checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
+    torch.save(checkpoint, path)
+
+
+class AnonymousPeak(threading.Thread):
+    """The peaks of a process tree's summed anonymous and file-backed resident memory while it runs."""
+
+    def __init__(self, root: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.anonymous = self.file_backed = 0
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            anonymous = file_backed = 0
+            for pid in descendants(self.root):
+                try:
+                    fields = status_fields(pid)
+                except OSError:  # it ended since the listing
+                    continue
+                anonymous += int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
+                file_backed += int(fields.get("RssFile", "0 kB").split()[0]) * 1024
+            self.anonymous, self.file_backed = max(self.anonymous, anonymous), max(self.file_backed, file_backed)
+            self.stopped.wait(self.interval)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+def convert(source: Path, out: Path, to: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "lightning_strategies.cli", "convert", str(source), str(out), "--to", to]
+    began = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sampler = AnonymousPeak(process.pid)
+    sampler.start()
+    output, _ = process.communicate()
+    sampler.stop()
+    if process.returncode != 0:  # kept with the others: what fails at one commit may not at another
+        return {"error": output.strip().splitlines()[-1] if output.strip() else f"exit {process.returncode}"}
+    return {
+        "seconds": round(time.perf_counter() - began, 1),
+        "anonymous_peak_bytes": sampler.anonymous,
+        "file_backed_peak_bytes": sampler.file_backed,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tools.benchmark.convert_memory", description=__doc__)
+    parser.add_argument("--size", default="350m", choices=sorted(SIZES))
+    parser.add_argument("--folder", type=Path, required=True, help="where the checkpoints go (emptied first)")
+    parser.add_argument("--out", type=Path, required=True)
+    arguments = parser.parse_args(argv)
+    shutil.rmtree(arguments.folder, ignore_errors=True)
+    arguments.folder.mkdir(parents=True)
+    full = arguments.folder / "full.ckpt"
+    write_checkpoint(arguments.size, full)
+    written = {"full.ckpt": full}
+    results = {}
+    for route, source, to in ROUTES:
+        written[route] = arguments.folder / route.replace(" -> ", "-to-")
+        results[route] = convert(written[source], written[route], to)
+        print(route, results[route], flush=True)
+    record = {
+        "size": arguments.size, "checkpoint_bytes": full.stat().st_size, "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("COMMIT", ""), "versions": versions(),
+        "routes": results,
+    }  # fmt: skip
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
