@@ -28,13 +28,20 @@ from tools.benchmark.memory_accuracy import descendants, status_fields
 from tools.benchmark.model import GPT
 from tools.benchmark.sizes import SIZES, VOCABULARY
 
-# (route, source, --to): the full file into each layout, and the DCP folder back, through each package's converter.
+# (route, source, --to): the full file into each layout, and the DCP folder back, through each package's converter;
+# "low memory" is the fsdp package's sharded_to_full(low_memory=True), which the command chooses by itself where the
+# folder is larger than half the memory available.
 ROUTES = [
     ("full -> fsdp", "full.ckpt", "fsdp"),
     ("full -> deepspeed", "full.ckpt", "deepspeed"),
     ("fsdp -> full", "full -> fsdp", "full"),
+    ("fsdp -> full, low memory", "full -> fsdp", "full"),
     ("fsdp -> deepspeed", "full -> fsdp", "deepspeed"),
 ]
+LOW_MEMORY = (
+    "import sys; from lightning_strategies_fsdp.checkpoint import sharded_to_full; "
+    "sharded_to_full(sys.argv[1], sys.argv[2], low_memory=True)"
+)
 
 
 def write_checkpoint(size: str, path: Path) -> None:
@@ -74,8 +81,10 @@ class AnonymousPeak(threading.Thread):
         self.join()
 
 
-def convert(source: Path, out: Path, to: str) -> dict[str, Any]:
+def convert(source: Path, out: Path, to: str, low_memory: bool) -> dict[str, Any]:
     command = [sys.executable, "-m", "lightning_strategies.cli", "convert", str(source), str(out), "--to", to]
+    if low_memory:
+        command = [sys.executable, "-c", LOW_MEMORY, str(source), str(out)]
     began = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = AnonymousPeak(process.pid)
@@ -104,8 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     written = {"full.ckpt": full}
     results = {}
     for route, source, to in ROUTES:
-        written[route] = arguments.folder / route.replace(" -> ", "-to-")
-        results[route] = convert(written[source], written[route], to)
+        written[route] = arguments.folder / route.replace(" -> ", "-to-").replace(", ", "-").replace(" ", "-")
+        results[route] = convert(written[source], written[route], to, low_memory=route.endswith("low memory"))
         print(route, results[route], flush=True)
     record = {
         "size": arguments.size, "checkpoint_bytes": full.stat().st_size, "cpus": os.cpu_count(),

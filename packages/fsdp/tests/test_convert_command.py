@@ -98,3 +98,33 @@ def test_a_file_saved_by_ddp_converts_with_its_adam_states(tmp_path: Path, with_
     for parameter in model.parameters():
         for key in ("exp_avg", "exp_avg_sq", "step"):
             torch.testing.assert_close(restored.state[parameter][key], optimizer.state[parameter][key])
+
+
+def test_low_memory_reads_the_shards_into_mapped_scratch_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same file either way; chosen by itself where the folder is larger than half the memory available."""
+    from lightning_strategies_fsdp import checkpoint as checkpoints
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 64)).sum().backward()
+    optimizer.step()
+    saved = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
+    torch.save(saved, tmp_path / "ddp.ckpt")
+    assert cli(["convert", str(tmp_path / "ddp.ckpt"), str(tmp_path / "sharded"), "--to", "fsdp"]) == 0
+
+    mapped = []
+    whole_tensor = checkpoints._whole_tensor
+    monkeypatch.setattr(
+        checkpoints, "_whole_tensor", lambda item, backing: mapped.append(backing) or whole_tensor(item, backing)
+    )
+    monkeypatch.setattr(checkpoints, "_available_memory", lambda: 1024)  # less than twice the folder's size
+    by_itself = torch.load(sharded_to_full(tmp_path / "sharded", tmp_path / "chosen.ckpt"), weights_only=True)
+    assert mapped and all(backing is not None for backing in mapped)
+    in_memory = torch.load(
+        sharded_to_full(tmp_path / "sharded", tmp_path / "memory.ckpt", low_memory=False), weights_only=True
+    )
+    assert mapped[-1] is None
+    assert_close(by_itself["state_dict"], in_memory["state_dict"])
+    for name, state in in_memory["optimizer_states"][0]["state"].items():
+        assert_close(by_itself["optimizer_states"][0]["state"][name], state)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chosen.ckpt", "ddp.ckpt", "memory.ckpt", "sharded"]

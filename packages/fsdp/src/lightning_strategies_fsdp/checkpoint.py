@@ -15,7 +15,9 @@ leaves a partial checkpoint under a name, and a damaged one is refused with what
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import tempfile
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -389,9 +391,16 @@ def _is_sharded_state(value: Any) -> bool:
 
 
 def sharded_to_full(
-    source: str | os.PathLike, destination: str | os.PathLike, weights_only: bool | None = None
+    source: str | os.PathLike,
+    destination: str | os.PathLike,
+    weights_only: bool | None = None,
+    low_memory: bool | None = None,
 ) -> Path:
-    """Write the full checkpoint file equivalent to a sharded checkpoint folder (one process, no GPU)."""
+    """Write the full checkpoint file equivalent to a sharded checkpoint folder (one process, no GPU).
+
+    ``low_memory`` reads the shards into tensors mapped from scratch files beside ``destination`` (removed after)
+    instead of host memory, so that host memory need not hold the model, at the cost of writing it once more; None
+    chooses it where the folder is larger than half the host memory available."""
     source, destination = Path(source), Path(destination)
     check_checkpoint_path(source)
     if not is_sharded_checkpoint(source):
@@ -399,16 +408,42 @@ def sharded_to_full(
     metadata = checked_sharded_metadata(source, weights_only)
     metadata_path = source / METADATA_FILE
     rest = load_file(metadata_path, weights_only) if metadata_path.is_file() else {}
-    whole = {key: with_state_entry(value) for key, value in _whole_state(source, metadata, weights_only).items()}
-    checkpoint = {**whole, **rest}
-    if "state_dict" in checkpoint:  # a Trainer checkpoint: keep Lightning's layout
-        checkpoint = join_trainer_optimizers(checkpoint)
-    checkpoint = {key: _positions_restored(value) for key, value in checkpoint.items()}
-    if isinstance(checkpoint.get(TRAINER_OPTIMIZERS), list):
-        checkpoint[TRAINER_OPTIMIZERS] = [_positions_restored(state) for state in checkpoint[TRAINER_OPTIMIZERS]]
-    with staged_checkpoint(destination) as staged:
-        torch.save(checkpoint, staged)
+    with _scratch(source, destination, low_memory) as backing:
+        whole = _whole_state(source, metadata, weights_only, backing=backing)
+        checkpoint = {**{key: with_state_entry(value) for key, value in whole.items()}, **rest}
+        if "state_dict" in checkpoint:  # a Trainer checkpoint: keep Lightning's layout
+            checkpoint = join_trainer_optimizers(checkpoint)
+        checkpoint = {key: _positions_restored(value) for key, value in checkpoint.items()}
+        if isinstance(checkpoint.get(TRAINER_OPTIMIZERS), list):
+            checkpoint[TRAINER_OPTIMIZERS] = [_positions_restored(state) for state in checkpoint[TRAINER_OPTIMIZERS]]
+        with staged_checkpoint(destination) as staged:
+            torch.save(checkpoint, staged)
     return destination
+
+
+@contextmanager
+def _scratch(source: Path, destination: Path, low_memory: bool | None) -> Iterator[Path | None]:
+    """A scratch folder beside ``destination`` for ``sharded_to_full``'s mapped tensors, or None (host memory)."""
+    if low_memory is None:
+        size = sum(path.stat().st_size for path in source.iterdir() if path.is_file())
+        low_memory = size > _available_memory() / 2
+    if not low_memory:
+        yield None
+        return
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".lightning-strategies-scratch-", dir=destination.parent) as folder:
+        yield Path(folder)
+
+
+def _available_memory() -> float:
+    """The host memory available now (``MemAvailable``), in bytes; unbounded where the system does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return math.inf
 
 
 def full_to_sharded(
@@ -463,21 +498,36 @@ def _model_entries(metadata: Metadata, rest: dict[str, Any]) -> set[str] | None:
 
 
 def _whole_state(
-    folder: Path, metadata: Metadata, weights_only: bool | None, only: set[str] | None = None
+    folder: Path,
+    metadata: Metadata,
+    weights_only: bool | None,
+    only: set[str] | None = None,
+    backing: Path | None = None,
 ) -> dict[str, Any]:
     """Every tensor and value of a sharded checkpoint (or of its entries ``only``), unsharded, in the nesting it was
-    saved with."""
+    saved with; the tensors in host memory, or mapped from files in the folder ``backing``."""
     state: dict[str, Any] = {}
-    for key, item in metadata.state_dict_metadata.items():
+    for index, (key, item) in enumerate(metadata.state_dict_metadata.items()):
         where = (metadata.planner_data or {}).get(key, (key,))  # DCP flattened nested keys on save
         if only is not None and where[0] not in only:
             continue
         # Tensors are read into tensors of their global size; None holds the place of other values.
-        value = torch.empty(item.size, dtype=item.properties.dtype) if isinstance(item, TensorStorageMetadata) else None
+        value = None
+        if isinstance(item, TensorStorageMetadata):
+            value = _whole_tensor(item, backing / str(index) if backing else None)
         _set_nested(state, where, value)
     with _in_one_process():
         load_sharded_state(state, folder, metadata, weights_only, no_dist=True)
     return state
+
+
+def _whole_tensor(item: TensorStorageMetadata, backing: Path | None) -> torch.Tensor:
+    """An empty tensor of ``item``'s global size, mapped from the file ``backing`` (created) where given: its pages
+    are then the file's, which the kernel writes out and drops as memory runs short."""
+    count = math.prod(item.size)
+    if backing is None or not count:
+        return torch.empty(item.size, dtype=item.properties.dtype)
+    return torch.from_file(str(backing), shared=True, size=count, dtype=item.properties.dtype).view(item.size)
 
 
 @contextmanager
