@@ -1,11 +1,12 @@
-"""What the DCP shard checksums of the fsdp strategies cost on save and load: ``python -m tools.benchmark.checksum_cost``.
+"""What the DCP shard checksums of the fsdp strategies cost on save and load.
 
-The GPT of model.py, sharded with FSDP2 in one process (one GPU, or the CPU), after one Adam step (so the optimizer
-holds its moments): its model and optimizer state saved as the strategy saves a sharded checkpoint (``save_sharded``:
-a CRC-32 of each shard summed as it is written) and as DCP saves it by default (``FileSystemWriter``, no sums), in
-turns, ``--repeats`` times each; then loaded with the sums checked (``mismatches`` before ``dcp.load``) and without.
-Every save is written to a new folder, synced as DCP syncs it, and removed after. Times and their median and spread
-go to ``--out`` as JSON, with the device, versions, date and commit.
+``python -m tools.benchmark.checksum_cost``: the GPT of model.py, sharded with FSDP2 in one process (one GPU, or the
+CPU), after one Adam step (so the optimizer holds its moments). Its model and optimizer state are saved as the
+strategy saves a sharded checkpoint (``save_sharded``: a CRC-32 of each piece summed as it is written) and as DCP
+saves it by default (``FileSystemWriter``, no sums), in turns, ``--repeats`` times each; then loaded with the sums
+checked (``mismatches`` before ``dcp.load``) and without. Every save is written to a new folder, synced as DCP syncs
+it, and removed after. Times and their median and spread go to ``--out`` as JSON, with the device, versions, date
+and commit.
 """
 
 from __future__ import annotations
@@ -47,27 +48,35 @@ def sharded_state(size: str, device: torch.device) -> dict[str, Any]:
     return {"model": get_model_state_dict(model), "optimizer_0": get_optimizer_state_dict(model, optimizer)}
 
 
-def timed(action: Any) -> float:
+def timed(action: Any, target: Path) -> float:
     began = time.perf_counter()
-    action()
+    action(target)
     return time.perf_counter() - began
 
 
 def measure(state: dict[str, Any], folder: Path, repeats: int) -> dict[str, list[float]]:
+    def save_plain(target: Path) -> None:
+        dcp.save(state, storage_writer=FileSystemWriter(target))
+
+    def save_with_checksums(target: Path) -> None:
+        save_sharded(target, state, {}, rank=0)
+
+    def load_checked(target: Path) -> None:
+        sums = saved_checksums(target)
+        mismatches(target, set(sums), sums)
+        dcp.load(state, checkpoint_id=target)
+
+    def load_plain(target: Path) -> None:
+        dcp.load(state, checkpoint_id=target)
+
+    saves = {"save_with_checksums": save_with_checksums, "save_plain": save_plain}
     times: dict[str, list[float]] = {"save_with_checksums": [], "save_plain": [], "load_checked": [], "load_plain": []}
     for repeat in range(repeats):
-        for kind in ("save_with_checksums", "save_plain") if repeat % 2 == 0 else ("save_plain", "save_with_checksums"):
-            target = folder / f"{kind}-{repeat}"
-            if kind == "save_plain":
-                times[kind].append(timed(lambda: dcp.save(state, storage_writer=FileSystemWriter(target))))
-            else:
-                times[kind].append(timed(lambda: save_sharded(target, state, {}, rank=0)))
-        checked = folder / f"save_with_checksums-{repeat}"
-        sums = saved_checksums(checked)
-        times["load_checked"].append(
-            timed(lambda: (mismatches(checked, set(sums), sums), dcp.load(state, checkpoint_id=checked)))
-        )
-        times["load_plain"].append(timed(lambda: dcp.load(state, checkpoint_id=folder / f"save_plain-{repeat}")))
+        # In turns: the first save of a call is the slowest, and it falls on each kind in turn.
+        for kind in list(saves) if repeat % 2 == 0 else list(reversed(saves)):
+            times[kind].append(timed(saves[kind], folder / f"{kind}-{repeat}"))
+        times["load_checked"].append(timed(load_checked, folder / f"save_with_checksums-{repeat}"))
+        times["load_plain"].append(timed(load_plain, folder / f"save_plain-{repeat}"))
         for path in folder.iterdir():
             shutil.rmtree(path)
     return times

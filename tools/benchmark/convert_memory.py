@@ -1,11 +1,11 @@
-"""Host memory and time of ``lightning-strategies convert`` on a large checkpoint: ``python -m tools.benchmark.convert_memory``.
+"""Host memory and time of ``lightning-strategies convert`` on a large checkpoint.
 
-Writes one full Lightning checkpoint of the GPT of model.py (``--size``: its fp32 weights and AdamW's two moments
-after one step, on the CPU), then runs the command for each route, each in a process of its own, sampling the
-resident memory of its process tree: the anonymous part (what the conversion holds; ``RssAnon``) apart from the
-file-backed part (pages of the files it reads or writes mapped in, which the kernel drops under pressure). Writes
-the peaks, the seconds (or the error a route ended with) and the checkpoint's size to ``--out`` as JSON, with the
-versions, date and commit.
+``python -m tools.benchmark.convert_memory`` writes one full Lightning checkpoint of the GPT of model.py (``--size``:
+its fp32 weights and AdamW's two moments after one step, on the CPU), then runs the command for each route, each in
+a process of its own, sampling the resident memory of its process tree: the anonymous part (what the conversion
+holds; ``RssAnon``) apart from the file-backed part (pages of the files it reads or writes mapped in, which the
+kernel drops under pressure). Writes the peaks, the seconds (or the error a route ended with) and the checkpoint's
+size to ``--out`` as JSON, with the versions, date and commit.
 """
 
 from __future__ import annotations
