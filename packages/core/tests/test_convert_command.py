@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import lightning as L
@@ -118,12 +119,14 @@ def test_a_full_file_becomes_a_dcp_folder_and_back(installed_registry, full: Pat
     assert again["global_step"] == 2
     for name, tensor in original["state_dict"].items():
         assert torch.equal(again["state_dict"][name], tensor), name
-    # The optimizer states go through DCP keyed as torch saved them; every moment comes back.
+    # torch keyed the optimizer states by position; the DCP folder keys them by parameter name, as the fsdp strategies
+    # save them (every state_dict entry here is a trained parameter), and every moment comes back.
     (saved,), (returned,) = original["optimizer_states"], again["optimizer_states"]
-    assert len(returned["state"]) == len(saved["state"]) == 2
-    for key, state in saved["state"].items():
+    names = list(original["state_dict"])
+    assert list(returned["state"]) == names and len(saved["state"]) == 2
+    for position, state in saved["state"].items():
         for entry in ("exp_avg", "exp_avg_sq", "step"):
-            assert torch.equal(returned["state"][str(key)][entry], state[entry]), (key, entry)
+            assert torch.equal(returned["state"][names[position]][entry], state[entry]), (position, entry)
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".lightning-strategies-convert")]
 
 
@@ -170,3 +173,29 @@ def test_a_fabric_optimizer_under_its_own_key_goes_too(registry, tmp_path: Path)
     out = tmp_path / "weights.ckpt"
     assert cli(["convert", str(tmp_path / "fabric.ckpt"), str(out), "--to", "full", "--drop-optimizer-states"]) == 0
     assert read(out).keys() == {"model", "step"}
+
+
+def test_a_long_step_says_how_much_it_has_written(
+    registry, full: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that takes minutes on a large checkpoint (one file written, a scratch layout) is not silent."""
+    from lightning_strategies.checkpoints import STAGING_FOLDER
+    from lightning_strategies.checkpoints import convert as converting
+
+    write_full = converting._write_full
+
+    def slowly(found, source, out, *arguments) -> None:
+        staging = out.parent / STAGING_FOLDER
+        staging.mkdir(exist_ok=True)
+        (staging / "part").write_bytes(b"\0" * 3 * 2**20)  # what a save has written so far
+        time.sleep(0.3)
+        (staging / "part").unlink()
+        write_full(found, source, out, *arguments)
+
+    monkeypatch.setattr(converting, "PROGRESS_EVERY", 0.05)
+    monkeypatch.setattr(converting, "_write_full", slowly)
+    assert cli(["convert", str(full), str(tmp_path / "weights.ckpt"), "--to", "full", "--drop-optimizer-states"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    progress = [line for line in lines if "written so far" in line]
+    assert progress and progress[0].startswith("... 3.0 MiB written so far (the source holds "), lines
+    assert lines.index(progress[0]) < next(index for index, line in enumerate(lines) if line.startswith("done: "))

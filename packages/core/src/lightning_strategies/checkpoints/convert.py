@@ -10,11 +10,14 @@ The output appears only once completely written, and nothing at its path is ever
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,11 @@ OPTIMIZER_STATES = (
     "the optimizer states (for Adam: the moments exp_avg and exp_avg_sq and the step counts of every parameter)"
 )
 DROP_FLAG = "--drop-optimizer-states"
+# Seconds between the lines saying how much a conversion has written.
+PROGRESS_EVERY = 10.0
+# What the working folders beside the output begin with: the staging of saves (``STAGING_FOLDER``), temporary full
+# files, and the packages' scratch layouts (DeepSpeed's universal one, the fsdp package's mapped tensors).
+_WORKING = ".lightning-strategies-"
 
 
 @dataclass
@@ -91,17 +99,18 @@ def convert(
     dropped = _check_full_route(source, found, drop_optimizer_states)
     report(f"reading {source}: {found.description}, {_size_text(source)}")
     started = time.monotonic()
-    if target == FILE:
-        _write_full(found, source, out, weights_only, drop_optimizer_states or bool(dropped), report)
-    elif found == FILE and not drop_optimizer_states:
-        _write_from_full(target, source, out, weights_only, report)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # Beside the output, so that the full file is written on the file system with room for the output.
-        with tempfile.TemporaryDirectory(prefix=".lightning-strategies-convert-", dir=out.parent) as folder:
-            full = Path(folder) / "full.ckpt"
-            _write_full(found, source, full, weights_only, drop_optimizer_states or bool(dropped), report)
-            _write_from_full(target, full, out, weights_only, report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _progress(out.parent, _size(source), report):
+        if target == FILE:
+            _write_full(found, source, out, weights_only, drop_optimizer_states or bool(dropped), report)
+        elif found == FILE and not drop_optimizer_states:
+            _write_from_full(target, source, out, weights_only, report)
+        else:
+            # Beside the output, so that the full file is written on the file system with room for the output.
+            with tempfile.TemporaryDirectory(prefix=f"{_WORKING}convert-", dir=out.parent) as folder:
+                full = Path(folder) / "full.ckpt"
+                _write_full(found, source, full, weights_only, drop_optimizer_states or bool(dropped), report)
+                _write_from_full(target, full, out, weights_only, report)
     report(f"done: {out} ({_size_text(out)}) in {time.monotonic() - started:.1f} s")
     written = identify(out) or target
     weights_alone = bool(dropped) or drop_optimizer_states
@@ -197,8 +206,45 @@ def _call(named: str, *arguments: Any) -> Any:
     return getattr(importlib.import_module(module), function)(*arguments)
 
 
+@contextmanager
+def _progress(folder: Path, source_bytes: int, report: Callable[[str], None]) -> Iterator[None]:
+    """Every ``PROGRESS_EVERY`` seconds while the body runs, one line of how much it has written: every step writes
+    into hidden working folders beside the output (staged saves, temporary files, scratch layouts), named alike."""
+    stopped = threading.Event()
+
+    def watch() -> None:
+        while not stopped.wait(PROGRESS_EVERY):
+            written = sum(_size(path) for path in folder.glob(f"{_WORKING}*"))
+            report(f"... {_bytes_text(written)} written so far (the source holds {_bytes_text(source_bytes)})")
+
+    watcher = threading.Thread(target=watch, name="convert-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        watcher.join()
+
+
+def _size(path: Path) -> int:
+    """Bytes of the file at ``path``, or of every file below it; what vanishes meanwhile counts as none."""
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for item in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += item.stat().st_size if item.is_file() else 0
+    return total
+
+
+def _bytes_text(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 2**10:.1f} KiB"
+
+
 def _size_text(path: Path) -> str:
     files = [path] if path.is_file() else [item for item in path.rglob("*") if item.is_file()]
-    size = sum(item.stat().st_size for item in files)
-    shown = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+    shown = _bytes_text(sum(item.stat().st_size for item in files))
     return shown if path.is_file() else f"{len(files)} file(s), {shown}"
