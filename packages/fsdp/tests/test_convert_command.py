@@ -75,6 +75,18 @@ def test_colossalai_gets_the_file_without_states_it_would_skip(reference_run: Pa
     assert_close(written["state_dict"], load_weights(reference_run / "weights_4.pt"))
 
 
+def converted_ddp_file(model: torch.nn.Module, folder: Path) -> torch.optim.Optimizer:
+    """Save what ddp saves after one Adam step of ``model`` (optimizer states by position) as ``folder/ddp.ckpt``,
+    convert it into the DCP folder ``folder/sharded``, and return the optimizer."""
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, model[0].in_features)).sum().backward()
+    optimizer.step()
+    saved = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
+    torch.save(saved, folder / "ddp.ckpt")
+    assert cli(["convert", str(folder / "ddp.ckpt"), str(folder / "sharded"), "--to", "fsdp"]) == 0
+    return optimizer
+
+
 @pytest.mark.parametrize("with_buffers", [False, True])
 def test_a_file_saved_by_ddp_converts_with_its_adam_states(tmp_path: Path, with_buffers: bool) -> None:
     """torch keys a plain run's optimizer state by parameter position. Where every state_dict entry is a trained
@@ -83,12 +95,7 @@ def test_a_file_saved_by_ddp_converts_with_its_adam_states(tmp_path: Path, with_
     strings, which torch's load_state_dict would match to no parameter, restoring no state, silently)."""
     layers = [torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)]
     model = torch.nn.Sequential(*layers, *([torch.nn.BatchNorm1d(2)] if with_buffers else []))
-    optimizer = torch.optim.Adam(model.parameters())
-    model(torch.ones(2, 4)).sum().backward()
-    optimizer.step()
-    saved = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
-    torch.save(saved, tmp_path / "ddp.ckpt")
-    assert cli(["convert", str(tmp_path / "ddp.ckpt"), str(tmp_path / "sharded"), "--to", "fsdp"]) == 0
+    optimizer = converted_ddp_file(model, tmp_path)
     back = torch.load(sharded_to_full(tmp_path / "sharded", tmp_path / "back.ckpt"), weights_only=True)
     (state,) = back["optimizer_states"]
     names = [name for name, _ in model.named_parameters()]
@@ -104,13 +111,7 @@ def test_low_memory_reads_the_shards_into_mapped_scratch_files(tmp_path: Path, m
     """The same file either way; chosen by itself where the folder is larger than half the memory available."""
     from lightning_strategies_fsdp import checkpoint as checkpoints
 
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 2))
-    optimizer = torch.optim.Adam(model.parameters())
-    model(torch.ones(2, 64)).sum().backward()
-    optimizer.step()
-    saved = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "global_step": 1}
-    torch.save(saved, tmp_path / "ddp.ckpt")
-    assert cli(["convert", str(tmp_path / "ddp.ckpt"), str(tmp_path / "sharded"), "--to", "fsdp"]) == 0
+    converted_ddp_file(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 2)), tmp_path)
 
     mapped = []
     whole_tensor = checkpoints._whole_tensor
