@@ -395,7 +395,9 @@ def test_the_nodes_launchers_share_one_deadline() -> None:
 
     from tools.benchmark.memory_accuracy import read_outputs
 
-    hung = [subprocess.Popen(["sh", "-c", "echo started; sleep 60"], stdout=subprocess.PIPE, text=True) for _ in "ab"]
+    # One process each, no child: a shell's sleep killed first would let the shell exit on its own (137), a race.
+    hanging = "print('started', flush=True); import time; time.sleep(60)"
+    hung = [subprocess.Popen([sys.executable, "-c", hanging], stdout=subprocess.PIPE, text=True) for _ in "ab"]
     timeout = 2.0
     started = time.monotonic()
     try:
