@@ -169,10 +169,10 @@ def load_into_engine(
     """Have the engine load the checkpoint (on every rank); return the client state saved with it."""
     loads_universal = engine._config.load_universal_checkpoint
     if location.universal:
+        check_universal_fits_stage(location, engine.zero_optimization_stage(), load_optimizer_states)
         # Read by engine.load_checkpoint only; set for this load alone, so that a later load on the same engine
         # (validate after a resume converted on the fly) reads its own checkpoint's layout.
         engine._config.load_universal_checkpoint = True
-        check_universal_fits_stage(location, engine.zero_optimization_stage(), load_optimizer_states)
     else:  # a universal checkpoint loads on any number of processes
         engine_layout = compatibility.EngineLayout.of(engine, world_size)
         compatibility.check_fits(location.directory, layout, engine_layout, load_optimizer_states)

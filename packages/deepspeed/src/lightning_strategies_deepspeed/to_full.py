@@ -68,7 +68,13 @@ def _named_optimizer_state(universal: Path, weights: dict[str, torch.Tensor], so
     model_states = checkpoints.read_saved_file(checkpoints.rank_0_model_states(universal), weights_only=False)
     saved = torch.load(universal / "zero" / "optimizer_state.pt", map_location="cpu", weights_only=False)
     groups = saved["param_groups"]
-    names = [list(shapes) for shapes in model_states["param_shapes"]]
+    names = _names_by_group(model_states, groups, stage_3=checkpoints.STAGE_3_OPTIMIZER_STATE in saved)
+    if (model_states.get("ds_config") or {}).get("zero_optimization", {}).get("round_robin_gradients"):
+        # DeepSpeed then records its parameters shuffled, and torch's load_state_dict (ddp) pairs them by order.
+        raise CheckpointError(
+            f"{source} was saved with round_robin_gradients, whose order of parameters is not the model's, so their "
+            f"states cannot be put in the model's order here. {_WEIGHTS_ALONE.format(path=source)}"
+        )
     if len(names) != len(groups):
         raise CheckpointError(
             f"{source}: DeepSpeed recorded {len(names)} groups of parameter names for {len(groups)} optimizer param "
@@ -83,10 +89,27 @@ def _named_optimizer_state(universal: Path, weights: dict[str, torch.Tensor], so
         # Stages 1 and 2 keep each parameter's step beside its moments, stage 3 one step for all of them. Each
         # parameter gets a tensor of its own: torch's Adam increments its step in place, so one shared tensor would
         # count every parameter's steps.
+        if stage_3_steps is None and not (folder / "step.pt").is_file():
+            raise CheckpointError(
+                f"{source}: DeepSpeed's universal conversion wrote no step count for {name} (its optimizer keeps "
+                f"none per parameter), and torch's Adam needs one. {_WEIGHTS_ALONE.format(path=source)}"
+            )
         step = torch.load(folder / "step.pt", weights_only=False) if stage_3_steps is None else stage_3_steps
         state[name] = {"step": torch.tensor(float(step)), **entry}
     param_groups = [{**group, "params": group_names} for group, group_names in zip(groups, names, strict=True)]
     return {"state": state, "param_groups": param_groups}
+
+
+def _names_by_group(model_states: dict[str, Any], groups: list[dict[str, Any]], stage_3: bool) -> list[list[str]]:
+    """The parameter names of each optimizer param group. DeepSpeed records them per group at stages 1 and 2, and at
+    stage 3 per sub-group (its flat partitions, split at sub_group_size), which each group lists by position."""
+    recorded = [list(shapes) for shapes in model_states["param_shapes"]]
+    if not stage_3 or len(recorded) == len(groups):
+        return recorded
+    try:
+        return [[name for index in group["params"] for name in recorded[index]] for group in groups]
+    except (IndexError, KeyError, TypeError):
+        return recorded  # refused by the caller: the groups cannot be told apart
 
 
 def _universal_tensor(path: Path) -> torch.Tensor:

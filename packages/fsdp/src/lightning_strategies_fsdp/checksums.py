@@ -142,10 +142,15 @@ def saved_checksums(folder: Path) -> dict[str, Record]:
 
 
 def _is_record(value: Any) -> bool:
+    """A record as ``_SummingFileSystem`` writes it (bools are no ints here; pieces past 1 GiB none of ours)."""
     if isinstance(value, dict):
         piece, crcs = value.get("piece_bytes"), value.get("crc32")
-        return isinstance(piece, int) and piece > 0 and isinstance(crcs, list) and all(isinstance(c, int) for c in crcs)
-    return isinstance(value, int)
+        return type(piece) is int and 0 < piece <= 1 << 30 and isinstance(crcs, list) and all(map(_is_crc, crcs))
+    return _is_crc(value)
+
+
+def _is_crc(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 32
 
 
 def mismatches(folder: Path, names: set[str], sums: dict[str, Record]) -> list[tuple[str, str]]:
@@ -191,7 +196,7 @@ def piece_crc32s(path: Path, piece: int = PIECE) -> list[int]:
     def summed(index: int) -> int:
         if not hasattr(buffers, "view"):
             buffers.view = memoryview(bytearray(piece))
-        with open(path, "rb", buffering=0) as file:
+        with open(path, "rb") as file:  # buffered: its readinto fills the buffer, however short each read
             file.seek(index * piece)
             size = file.readinto(buffers.view)
         return zlib.crc32(buffers.view[:size])

@@ -223,7 +223,7 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         assert self.lightning_module is not None
         # Another strategy's folder that its package writes into one file with everything (DeepSpeed's ZeRO
         # folders) resumes from that file, written once inside it by rank 0.
-        path = self._path_to_load(one_file_for(checkpoint_path, self, weights_only, native=(DCP.key,)))
+        path = Path(one_file_for(self._path_to_load(checkpoint_path), self, weights_only, native=(DCP.key,)))
         # Optimizers resume only when fitting; validate/test/predict load the weights (as Lightning's FSDPStrategy).
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         optimizers = {f"optimizer_{index}": optimizer for index, optimizer in enumerate(self.optimizers)}
