@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from conftest import write_distribution
 
@@ -27,9 +29,37 @@ FORGETFUL = {
 }
 
 
+# Passes every check, then aborts at interpreter exit, as gloo's threads can when a group is left to exit.
+ABORTING = {
+    "aborting_plugin": """
+        from lightning_strategies import hookimpl
+
+        @hookimpl
+        def register_strategies(registry):
+            registry.register("aborting_ddp", "aborting_strategy:AbortingDDPStrategy")
+    """,
+    "aborting_strategy": """
+        import atexit
+        import os
+
+        from lightning.pytorch.strategies import DDPStrategy
+
+        atexit.register(os.abort)
+
+        class AbortingDDPStrategy(DDPStrategy):
+            pass
+    """,
+}
+
+
 @pytest.fixture
 def forgetful(tmp_path, on_path):
     on_path(write_distribution(tmp_path / "site", "forgetful-dist", FORGETFUL, {"forgetful": "forgetful_plugin"}))
+
+
+@pytest.fixture
+def aborting(tmp_path, on_path):
+    on_path(write_distribution(tmp_path / "site", "aborting-dist", ABORTING, {"aborting": "aborting_plugin"}))
 
 
 def test_a_sound_strategy_passes_on_two_processes(strategy_conformance):
@@ -51,3 +81,10 @@ def test_check_command_exits_non_zero_with_a_readable_report(forgetful, installe
     assert main(["check", "forgetful_ddp", "--accelerator", "cpu", "--devices", "1"]) == 1
     output = capsys.readouterr().out
     assert "FAIL  checkpoint round trip" in output and "RESULT: FAILED" in output
+
+
+def test_a_run_that_aborts_after_passing_its_checks_fails_and_says_how_it_ended(aborting, strategy_conformance):
+    report = strategy_conformance("aborting_ddp", accelerator="cpu", devices=1)
+    assert report.results and all(result["passed"] for result in report.results)
+    assert not report.passed
+    assert f"the run exited with code {-signal.SIGABRT} after its checks" in str(report)

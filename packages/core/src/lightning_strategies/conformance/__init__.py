@@ -53,6 +53,9 @@ class CheckReport:
             lines.append(f"  {mark}  {result['check']:<34} {result['detail']}")
         if not self.results:
             lines.append(f"  FAIL  no report was written (exit code {self.returncode}); last output:")
+        elif self.returncode != 0:
+            lines.append(f"  FAIL  the run exited with code {self.returncode} after its checks; last output:")
+        if self.returncode != 0 or not self.results:
             lines.extend("        " + line for line in self.output.strip().splitlines()[-25:])
         failed_tracebacks = [result["detail"] for result in self.results if result["check"] == "traceback"]
         for trace in failed_tracebacks[:1]:

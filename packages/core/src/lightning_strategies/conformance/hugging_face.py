@@ -27,6 +27,7 @@ from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from typing_extensions import override
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.conformance.trainer_arguments import QUIET_TRAINER
 from lightning_strategies.speed import SpeedMonitor, flops_per_token
 
@@ -412,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:
                 (folder / "results.json").write_text(json.dumps(results, indent=1))
+    end_process_group()  # before exit, so that gloo's threads cannot abort a run that passed
     return 0
 
 

@@ -27,6 +27,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
+from lightning_strategies.conformance.launching import end_process_group
 from lightning_strategies.conformance.model import ConformanceModel, loader
 from lightning_strategies.conformance.reliability import CHECKPOINTS, FAILED_AT
 from lightning_strategies.conformance.suite import SuiteOptions, quiet_lightning, run_parser
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     predictions = torch.cat([batch.float().cpu() for batch in batches])  # type: ignore[union-attr]
     torch.save(predictions, workdir / f"predictions.rank{trainer.global_rank}.pt")
     announce(trainer, "done")
+    end_process_group()  # before exit, so that gloo's threads cannot abort a run that passed
     return 0
 
 
