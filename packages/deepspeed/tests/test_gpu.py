@@ -1,7 +1,7 @@
 """GPU tier: every name trains a small GPT on one GPU and on the machine's several GPUs
 (``min(4, torch.cuda.device_count())``: 2 on a two-GPU machine, 4 on a four-GPU one), a new Trainer in the
-same processes resumes and tests each, checkpoints saved on the several GPUs go on on one, and clipping by norm is
-the same with offload as without.
+same processes resumes and tests each, checkpoints saved on the several GPUs go on on fewer (2 and 1 on four,
+1 on two), and clipping by norm is the same with offload as without.
 
 Runs are grouped into one launch per device count (gpt_script.py), so the tier pays once for
 importing DeepSpeed and joining NCCL; each test reads its own run's results. Run on the GPU machine:
@@ -160,27 +160,33 @@ def test_several_gpus_clipping_with_offload_sees_the_same_total_norm(several_gpu
 
 
 RESHARDED = ("deepspeed_stage_2", "deepspeed_stage_3")
+FEWER = [devices for devices in (2, 1) if devices < SEVERAL]  # 2 and 1 on a four-GPU machine, 1 on a two-GPU one
 
 
 @pytest.fixture(scope="module")
-def one_gpu_from_several(several_gpus: dict[str, dict], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """The several-GPU runs' checkpoints (saved after 10 steps) resumed on one GPU to 20 steps, by ckpt_path alone."""
-    runs = [
-        {"strategy": name, "devices": 1, "steps": 20,
-         "resume_from": succeeded(several_gpus, f"{name}-{SEVERAL}gpu-bf16-mixed")["checkpoint"]}
-        for name in RESHARDED
-    ]  # fmt: skip
-    return launch(tmp_path_factory.mktemp("one-from-several"), runs)
+def fewer_gpus_from_several(several_gpus: dict[str, dict], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """The several-GPU runs' checkpoints (saved after 10 steps) resumed on fewer GPUs to 20 steps, by ckpt_path
+    alone: one launch per GPU count."""
+    results: dict[str, dict] = {}
+    for devices in FEWER:
+        runs = [
+            {"strategy": name, "devices": devices, "steps": 20,
+             "resume_from": succeeded(several_gpus, f"{name}-{SEVERAL}gpu-bf16-mixed")["checkpoint"]}
+            for name in RESHARDED
+        ]  # fmt: skip
+        results.update(launch(tmp_path_factory.mktemp(f"{devices}-from-several"), runs))
+    return results
 
 
+@pytest.mark.parametrize("devices", FEWER)
 @pytest.mark.parametrize("name", RESHARDED)
-def test_several_gpus_checkpoint_goes_on_on_one_gpu(several_gpus, one_gpu_from_several, name):
+def test_several_gpus_checkpoint_goes_on_on_fewer_gpus(several_gpus, fewer_gpus_from_several, name, devices):
     """Converted once to DeepSpeed's universal layout beside the saved tag folder (universal.py), then loaded: the
     run goes on from step 10 with its weights, not from scratch."""
     saved = several_gpus[f"{name}-{SEVERAL}gpu-bf16-mixed"]
-    result = one_gpu_from_several[f"{name}-1gpu-bf16-mixed-resumed"]
+    result = fewer_gpus_from_several[f"{name}-{devices}gpu-bf16-mixed-resumed"]
     assert "error" not in result, result.get("traceback", result.get("error"))
-    assert result["world_size"] == 1 and (result["global_step"], result["steps_run"]) == (20, 10)
+    assert result["world_size"] == devices and (result["global_step"], result["steps_run"]) == (20, 10)
     assert Path(saved["checkpoint"], "checkpoint-universal", "latest_universal").is_file()
     # It begins where the saved run ended, not where a model started afresh begins (near ln(256), as the saved run).
     assert result["finite"], result
