@@ -26,7 +26,7 @@ from lightning_strategies.planning import (
 )
 from lightning_strategies.planning.candidates import rank
 from lightning_strategies.planning.fitted import FITTED
-from lightning_strategies.planning.machine import host_memory
+from lightning_strategies.planning.machine import available_memory, host_memory
 
 
 class ToyPlugin:
@@ -110,6 +110,20 @@ def test_host_memory_is_the_cgroup_limit_where_lower(tmp_path: Path):
     assert host_memory(tmp_path / "meminfo", cgroup) == 24 * GIB
     (cgroup / "memory.max").write_text("max\n")
     assert host_memory(tmp_path / "meminfo", cgroup) == 128 * GIB
+
+
+def test_available_memory_is_what_is_left_under_the_cgroup_limit_where_less(tmp_path: Path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       134217728 kB\nMemAvailable:   67108864 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    assert available_memory(meminfo, cgroup) == 64 * GIB
+    (cgroup / "memory.max").write_text(f"{24 * GIB}\n")
+    (cgroup / "memory.current").write_text(f"{20 * GIB}\n")
+    assert available_memory(meminfo, cgroup) == 4 * GIB  # the container's limit, not the machine's memory
+    (cgroup / "memory.max").write_text("max\n")
+    assert available_memory(meminfo, cgroup) == 64 * GIB
+    assert available_memory(tmp_path / "absent", tmp_path / "absent") == 0  # not known
 
 
 def test_fits_leaves_room_for_the_cuda_context_and_host_headroom():

@@ -114,24 +114,59 @@ def _cuda_devices() -> tuple[int, int]:
     return count, memory
 
 
-def host_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+MEMINFO = Path("/proc/meminfo")
+CGROUP = Path("/sys/fs/cgroup")
+# A cgroup's memory limit and what its processes use now: version 2's files, then version 1's.
+_CGROUP_FILES = (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"))
+
+
+def host_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
     """Host memory this process may use: MemTotal, or a container's cgroup limit where lower."""
-    total = 0
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-                break
-    except OSError:
+    total = _meminfo_bytes(meminfo, "MemTotal")
+    if total is None:
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             total = 0
-    for limit_file in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+    for limit, _ in _cgroup_limits(cgroup):
+        if total == 0 or limit < total:
+            total = limit
+    return total
+
+
+def available_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
+    """Host memory this process can take now without swapping or being killed: MemAvailable, or what is left under a
+    container's cgroup limit where less (0 where neither is known)."""
+    available = _meminfo_bytes(meminfo, "MemAvailable") or 0
+    for limit, used in _cgroup_limits(cgroup):
+        if used is not None and (available == 0 or limit - used < available):
+            available = max(limit - used, 0)
+    return available
+
+
+def _meminfo_bytes(meminfo: Path, field: str) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_limits(cgroup: Path) -> list[tuple[int, int | None]]:
+    """(limit, use now or None) of each cgroup memory limit set ("max" is none)."""
+    found = []
+    for limit_name, usage_name in _CGROUP_FILES:
         try:
-            text = limit_file.read_text().strip()
+            limit = (cgroup / limit_name).read_text().strip()
         except OSError:
             continue
-        if text.isdigit() and (total == 0 or int(text) < total):
-            total = int(text)
-    return total
+        if not limit.isdigit():
+            continue
+        try:
+            used: int | None = int((cgroup / usage_name).read_text().strip())
+        except (OSError, ValueError):
+            used = None
+        found.append((int(limit), used))
+    return found
