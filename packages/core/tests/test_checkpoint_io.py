@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +19,11 @@ from lightning_strategies.checkpoints import (
     check_trainer_checkpoint,
     one_file_for,
     reads_torch_save_files,
+    scratch_folder,
     staged_checkpoint_io_save,
 )
-from lightning_strategies.checkpoints.checkpoint_io import ONE_FILE_NAME, writes_in_background
+from lightning_strategies.checkpoints.checkpoint_io import ONE_FILE_NAME, ONE_FILE_SOURCE, writes_in_background
+from lightning_strategies.checkpoints.scratch import SCRATCH_PREFIX
 from lightning_strategies.errors import CheckpointError
 from lightning_strategies.testing import checkpoint_layouts_described, written_by_another_package
 
@@ -101,10 +106,22 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
         # The folder saved again in place (Lightning's FSDPStrategy does): its one-file form is stale, written again.
         (folder / "__0_0.distcp").write_bytes(b"newer shard")
-        os.utime(folder / "__0_0.distcp", ns=(written + 10**9, written + 10**9))
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
         check_checkpoint_file(folder / ONE_FILE_NAME, TorchCheckpointIO(), "DDPStrategy")
+        # Another checkpoint copied over it keeping its older times (cp -p), a file in a sub-folder (ZeRO's tag folder)
+        # changed: stale too.
+        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
+        (folder / "checkpoint").mkdir()
+        (folder / "checkpoint" / "mp_rank_00_model_states.pt").write_bytes(b"another run's")
+        os.utime(folder / "checkpoint" / "mp_rank_00_model_states.pt", ns=(1, 1))
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
+        # A conversion killed after writing the file but before recording its source: converted again.
+        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
+        (folder / ONE_FILE_SOURCE).unlink()
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
     file = tmp_path / "model.ckpt"
     torch.save({"state_dict": {}}, file)
     assert one_file_for(file, _Strategy()) == file  # one file already
@@ -137,3 +154,19 @@ def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> 
 
     with pytest.raises(CheckpointError, match=r"one shared file system.*convert"):
         one_file_for(folder, OtherNode())
+
+
+def test_a_scratch_folder_left_by_a_killed_conversion_is_removed_by_the_next(tmp_path: Path) -> None:
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(ended.stdout)  # a process of this machine that has ended
+    host = socket.gethostname()
+    abandoned = tmp_path / f"{SCRATCH_PREFIX}{dead}-{host}-abc123"
+    running = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-{host}-def456"
+    elsewhere = tmp_path / f"{SCRATCH_PREFIX}{dead}-another-host-ghi789"  # a shared file system's other machine
+    for folder in (abandoned, running, elsewhere):
+        folder.mkdir()
+        (folder / "universal.pt").write_bytes(b"as large as the model")
+    with scratch_folder(tmp_path) as scratch:
+        assert scratch.is_dir() and scratch.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-{host}-")
+        assert not abandoned.exists() and running.exists() and elsewhere.exists()
+    assert not scratch.exists()

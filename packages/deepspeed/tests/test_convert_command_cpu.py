@@ -38,6 +38,11 @@ def saved(folder):
         "save": folder / "z.ckpt",
     }
     runs = {"zero": zero, "uninterrupted": {"strategy": "deepspeed_stage_2", **FULL}}
+    # ZeRO-3 splits each process's 338 elements into sub-groups of at most 100, each with its own record of names.
+    sub_groups = {"stage": 3, "sub_group_size": 100}
+    runs["zero-3-sub-groups"] = {**zero, "strategy": "deepspeed_stage_3", "options": sub_groups, "save": folder / "z3.ckpt"}
+    round_robin = {"config": {"zero_optimization": {"stage": 2, "round_robin_gradients": True}}}
+    runs["round-robin"] = {**zero, "options": round_robin, "save": folder / "round-robin.ckpt"}
     runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in SAVED_BY}
     return train_together(folder / "saving", runs)
 
@@ -129,6 +134,23 @@ def test_full_keeps_the_adam_moments_or_drops_them_on_request(zero_folder, tmp_p
     written = torch.load(weights, weights_only=True)
     assert "optimizer_states" not in written
     assert_weights_close(written["state_dict"], trained["weights"])
+
+
+def test_stage_3_sub_groups_map_onto_their_parameters(folder, saved, tmp_path):
+    trained = succeeded(saved, "zero-3-sub-groups")
+    assert cli(["convert", str(folder / "z3.ckpt"), str(tmp_path / "full.ckpt"), "--to", "full"]) == 0
+    written = torch.load(tmp_path / "full.ckpt", weights_only=True)
+    assert_weights_close(written["state_dict"], trained["weights"])
+    assert_named_adam_states(written, list(trained["weights"]), steps=2)
+
+
+def test_round_robin_gradients_is_refused_with_the_route_that_works(folder, saved, tmp_path, capsys):
+    """DeepSpeed then records the parameters shuffled, and ddp pairs optimizer states with parameters by order."""
+    succeeded(saved, "round-robin")
+    assert cli(["convert", str(folder / "round-robin.ckpt"), str(tmp_path / "full.ckpt"), "--to", "full"]) == 2
+    error = capsys.readouterr().err
+    assert "saved with round_robin_gradients" in error and "--drop-optimizer-states" in error
+    assert not list(tmp_path.iterdir())  # no output, no scratch folder left
 
 
 def test_the_folder_is_deepspeeds_already(zero_folder, tmp_path, capsys):

@@ -22,6 +22,8 @@ import torch
 from conftest import train_together
 
 from lightning_strategies.checkpoints import STAGING_FOLDER
+from lightning_strategies.checkpoints.checkpoint_io import ONE_FILE_NAME, ONE_FILE_SOURCE
+from lightning_strategies.checkpoints.scratch import SCRATCH_PREFIX
 from lightning_strategies.cli import main as cli
 from lightning_strategies_deepspeed.checkpoint import convert_zero_checkpoint
 
@@ -183,6 +185,7 @@ def test_cell(saved, resumed, source, target):
 def test_the_one_file_form_of_a_folder_is_kept_inside_it(folder, resumed, source):
     """fsdp -> ddp (and each ZeRO folder -> ddp) wrote it; the resumes after it (fsdp -> fsdp, ...) read the folder
     with it inside, unchanged."""
-    assert (folder / f"{source}.ckpt" / "full.ckpt").is_file()
+    assert (folder / f"{source}.ckpt" / ONE_FILE_NAME).is_file()
+    assert (folder / f"{source}.ckpt" / ONE_FILE_SOURCE).is_file()  # what it was converted from, to tell it stale
     assert not (folder / f"{source}.ckpt" / STAGING_FOLDER).exists()
-    assert not list(folder.glob(f"{source}.ckpt/.lightning-strategies-universal-*")), "the scratch folder is left"
+    assert not list(folder.glob(f"{source}.ckpt/{SCRATCH_PREFIX}*")), "the scratch folder is left"

@@ -118,7 +118,7 @@ def test_low_memory_reads_the_shards_into_mapped_scratch_files(tmp_path: Path, m
     monkeypatch.setattr(
         checkpoints, "_whole_tensor", lambda item, backing: mapped.append(backing) or whole_tensor(item, backing)
     )
-    monkeypatch.setattr(checkpoints, "_available_memory", lambda: 1024)  # less than twice the folder's size
+    monkeypatch.setattr(checkpoints, "available_memory", lambda: 1024)  # less than twice the folder's size
     by_itself = torch.load(sharded_to_full(tmp_path / "sharded", tmp_path / "chosen.ckpt"), weights_only=True)
     assert mapped and all(backing is not None for backing in mapped)
     in_memory = torch.load(

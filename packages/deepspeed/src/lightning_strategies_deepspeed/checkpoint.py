@@ -278,6 +278,15 @@ def read_saved_file(path: Path, weights_only: bool | None, map_location: Any = "
     return load_file(path, weights_only=weights_only, map_location=map_location, mmap=mmap)
 
 
+def check_model_states_load(location: CheckpointLocation, weights_only: bool | None) -> None:
+    """Read every rank's model-states file as a resume reads them, with the caller's ``weights_only``: DeepSpeed's
+    conversions (``ds_to_universal``, ``zero_to_fp32``) unpickle them all with ``weights_only=False``, and must not
+    run code that the resume itself would refuse. (The optimizer-state files hold DeepSpeed's own classes: DeepSpeed
+    reads them so on every resume.)"""
+    for path in sorted(location.tag_folder.glob("*model_states.pt")):
+        read_saved_file(path, weights_only, mmap=True)
+
+
 def check_full_weights_file(path: Path) -> None:
     """Refuse what a load of full weights cannot read: a DeepSpeed directory, a missing or damaged file."""
     if path.is_dir() and not _is_deepspeed_directory(path):

@@ -13,14 +13,13 @@ as FSDP2 writes them: torch's ``Optimizer.load_state_dict`` (``ddp``) maps them 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import staged_save
+from lightning_strategies.checkpoints import scratch_folder, staged_save
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
 
@@ -50,10 +49,10 @@ def to_full_checkpoint(
             f"Adagrad, ...), and one full file is written from DeepSpeed's universal layout, which carries those "
             f"alone. {_WEIGHTS_ALONE.format(path=source)}"
         )
+    checkpoints.check_model_states_load(location, weights_only)
     checkpoint = checkpoints.convert_zero_checkpoint(source, weights_only=weights_only)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".lightning-strategies-universal-", dir=destination.parent) as scratch:
-        universal = Path(scratch) / "universal"
+    with scratch_folder(destination.parent) as scratch:
+        universal = scratch / "universal"
         workers = max(1, min(os.cpu_count() or 1, 8))
         checkpoints.write_universal(location.tag_folder, universal, source, workers)
         # The moments stay mapped from the scratch folder's files until written: host memory holds the weights alone.

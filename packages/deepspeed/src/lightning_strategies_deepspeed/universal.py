@@ -29,7 +29,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import staged_save
+from lightning_strategies.checkpoints import files_fingerprint, staged_save
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
 
@@ -118,11 +118,7 @@ def _convert_once(
                 f"Resuming {location.directory} (saved on {source['world_size']} {processes}) from its universal "
                 f"form {target}, converted on an earlier resume."
             )
-    # ds_to_universal unpickles every file. The model-state files are first read as a resume reads them, with the
-    # caller's weights_only (the optimizer-state files hold DeepSpeed's own classes and are read as DeepSpeed
-    # reads them on any resume), so the conversion runs no code that the resume itself would refuse.
-    for path in sorted(location.tag_folder.glob("*model_states.pt")):
-        checkpoints.read_saved_file(path, weights_only, mmap=True)
+    checkpoints.check_model_states_load(location, weights_only)
     _check_adam_state(location, source["world_size"])
     universal_tag = location.tag + checkpoints.UNIVERSAL_SUFFIX
     try:
@@ -166,11 +162,7 @@ def _check_adam_state(location: checkpoints.CheckpointLocation, saved_world_size
 
 def _fingerprint(location: checkpoints.CheckpointLocation) -> dict[str, Any]:
     """What identifies the saved files: a checkpoint saved again under the same name is converted again."""
-    files = {
-        path.name: [path.stat().st_size, path.stat().st_mtime_ns]
-        for path in sorted(location.tag_folder.iterdir())
-        if path.is_file()
-    }
+    files = files_fingerprint(location.tag_folder)
     layout = compatibility.SavedLayout.of(location.tag_folder, {})
     return {"tag": location.tag, "files": files, "world_size": max(len(layout.optimizer_ranks), 1)}
 

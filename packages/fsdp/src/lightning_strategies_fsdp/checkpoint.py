@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -44,11 +43,13 @@ from lightning_strategies.checkpoints import (
     keyed_by_name,
     load_file,
     reads_torch_save_files,
+    scratch_folder,
     staged_save,
     weights_only_keyword,
 )
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
 from lightning_strategies.hugging_face import recorded_models
+from lightning_strategies.planning.machine import available_memory
 from lightning_strategies_fsdp.checksums import summing_writer, write_checksums
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (
@@ -331,7 +332,10 @@ def _positions_restored(state: Any) -> Any:
     """An optimizer state keyed by parameter position (torch's own, as ddp saves it) comes back from DCP with its
     ``state`` keys as strings ("0", "1", ...): DCP's paths hold dict keys as strings. torch's ``load_state_dict``
     matches them against the int positions of ``param_groups`` and would restore no state, silently; they are ints
-    again here. States keyed by parameter name, and anything else, are returned as they are."""
+    again here. A list (Lightning's ``optimizer_states``) has each of its states restored. States keyed by parameter
+    name, and anything else, are returned as they are."""
+    if isinstance(state, list):
+        return [_positions_restored(item) for item in state]
     if not (isinstance(state, Mapping) and isinstance(state.get("state"), Mapping) and "param_groups" in state):
         return state
     positions = [key for group in state["param_groups"] for key in group.get("params", [])]
@@ -414,8 +418,6 @@ def sharded_to_full(
         if "state_dict" in checkpoint:  # a Trainer checkpoint: keep Lightning's layout
             checkpoint = join_trainer_optimizers(checkpoint)
         checkpoint = {key: _positions_restored(value) for key, value in checkpoint.items()}
-        if isinstance(checkpoint.get(TRAINER_OPTIMIZERS), list):
-            checkpoint[TRAINER_OPTIMIZERS] = [_positions_restored(state) for state in checkpoint[TRAINER_OPTIMIZERS]]
         with staged_checkpoint(destination) as staged:
             torch.save(checkpoint, staged)
     return destination
@@ -426,24 +428,13 @@ def _scratch(source: Path, destination: Path, low_memory: bool | None) -> Iterat
     """A scratch folder beside ``destination`` for ``sharded_to_full``'s mapped tensors, or None (host memory)."""
     if low_memory is None:
         size = sum(path.stat().st_size for path in source.iterdir() if path.is_file())
-        low_memory = size > _available_memory() / 2
+        available = available_memory()
+        low_memory = available > 0 and size > available / 2
     if not low_memory:
         yield None
         return
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".lightning-strategies-scratch-", dir=destination.parent) as folder:
-        yield Path(folder)
-
-
-def _available_memory() -> float:
-    """The host memory available now (``MemAvailable``), in bytes; unbounded where the system does not say."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return math.inf
+    with scratch_folder(destination.parent) as folder:
+        yield folder
 
 
 def full_to_sharded(

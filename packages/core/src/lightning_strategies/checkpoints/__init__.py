@@ -6,6 +6,7 @@
   and the error for another strategy's.
 - ``checkpoint_io``: the same for checkpoints written through Lightning's CheckpointIO plugins.
 - ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position.
+- ``scratch``: conversions' scratch folders (those of killed conversions removed) and the fingerprint of a source.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
 """
@@ -28,6 +29,7 @@ from lightning_strategies.checkpoints.formats import (
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.optimizer_keys import keyed_by_name
+from lightning_strategies.checkpoints.scratch import files_fingerprint, scratch_folder
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
     is_local,
@@ -47,6 +49,7 @@ __all__ = [
     "check_file",
     "check_trainer_checkpoint",
     "earlier_checkpoint_advice",
+    "files_fingerprint",
     "foreign_checkpoint_error",
     "identify",
     "is_local",
@@ -59,6 +62,7 @@ __all__ = [
     "recover_before_load",
     "remove",
     "remove_checkpoint_path",
+    "scratch_folder",
     "staged_checkpoint_io_save",
     "staged_save",
     "staging_path",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from lightning_strategies.checkpoints.formats import FILE, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints.loading import check_file
+from lightning_strategies.checkpoints.scratch import files_fingerprint
 from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
 
@@ -83,15 +85,18 @@ def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
         raise foreign_checkpoint_error(path, strategy, here=ONE_FILE)
 
 
-# The one-file form of another strategy's folder, written inside that folder on the first resume that needs it.
+# The one-file form of another strategy's folder, written inside that folder on the first resume that needs it, and
+# the record of the folder's files it was converted from (``scratch.files_fingerprint``).
 ONE_FILE_NAME = "full.ckpt"
+ONE_FILE_SOURCE = "full.ckpt.source.json"
 
 
 def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, native: Collection[str] = ()) -> Any:
     """What a strategy that reads one checkpoint file (Lightning's ddp) loads for ``path``: ``path`` itself, or, for
     another strategy's folder whose package converts it to one file without dropping anything (its format's
     ``to_full_checkpoint``: FSDP2's DCP folders, DeepSpeed's ZeRO folders), that file, written by global rank 0
-    into the folder as ``full.ckpt`` and reused by later resumes while it is newer than every other file there.
+    into the folder as ``full.ckpt`` and reused by later resumes while the folder's files are those it was converted
+    from (``full.ckpt.source.json`` records their sizes and times).
     Called on every rank
     together: rank 0 decides and converts, and the others follow its answer, so that no rank leaves the collective
     because it sees the folder otherwise (a node without the shared file system sees nothing). A failed conversion
@@ -127,7 +132,8 @@ def _one_file_on_rank_zero(
     if found is None or not found.to_full_checkpoint or found.key in native:
         return None, None, ""
     target = path / ONE_FILE_NAME
-    reused = _newer_than_the_rest(target, path)
+    source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE))
+    reused = target.is_file() and _recorded_source(path) == source
     if not reused:
         module, _, function = found.to_full_checkpoint.partition(":")
         try:
@@ -138,6 +144,9 @@ def _one_file_on_rank_zero(
                 f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}."
             )
             return None, failure, ""
+        # Recorded after the file is in place: a conversion killed before leaves no record, so the next converts again.
+        with staged_save(path / ONE_FILE_SOURCE) as staged:
+            staged.write_text(json.dumps(source, indent=1))
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
     log.info(
         f"Resuming {path} ({found.description}) under {strategy} from its one-file form {target} ({how}; weights, "
@@ -146,13 +155,12 @@ def _one_file_on_rank_zero(
     return str(target), None, f"`lightning-strategies convert {path} full.ckpt --to full`"
 
 
-def _newer_than_the_rest(target: Path, folder: Path) -> bool:
-    """Whether ``target`` was written after every other file in ``folder``: a folder saved again in place (as
-    Lightning's FSDPStrategy saves) or copied over makes it stale."""
-    if not target.is_file():
-        return False
-    written = target.stat().st_mtime_ns
-    return all(other.stat().st_mtime_ns <= written for other in folder.iterdir() if other != target and other.is_file())
+def _recorded_source(folder: Path) -> dict[str, Any] | None:
+    try:
+        recorded = json.loads((folder / ONE_FILE_SOURCE).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:

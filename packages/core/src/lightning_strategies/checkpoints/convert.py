@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import torch
 
 from lightning_strategies.checkpoints.formats import FILE, CheckpointFormat, identify, installed_formats
 from lightning_strategies.checkpoints.loading import check_file
+from lightning_strategies.checkpoints.scratch import WORKING_PREFIX, scratch_folder
 from lightning_strategies.checkpoints.staging import staged_save
 from lightning_strategies.errors import CheckpointError
 from lightning_strategies.known import CONVERT_TARGETS, providing_distribution
@@ -37,9 +37,6 @@ OPTIMIZER_STATES = (
 DROP_FLAG = "--drop-optimizer-states"
 # Seconds between the lines saying how much a conversion has written.
 PROGRESS_EVERY = 10.0
-# What the working folders beside the output begin with: the staging of saves (``STAGING_FOLDER``), temporary full
-# files, and the packages' scratch layouts (DeepSpeed's universal one, the fsdp package's mapped tensors).
-_WORKING = ".lightning-strategies-"
 
 
 @dataclass
@@ -107,8 +104,8 @@ def convert(
             _write_from_full(target, source, out, weights_only, report)
         else:
             # Beside the output, so that the full file is written on the file system with room for the output.
-            with tempfile.TemporaryDirectory(prefix=f"{_WORKING}convert-", dir=out.parent) as folder:
-                full = Path(folder) / "full.ckpt"
+            with scratch_folder(out.parent) as folder:
+                full = folder / "full.ckpt"
                 _write_full(found, source, full, weights_only, drop_optimizer_states or bool(dropped), report)
                 _write_from_full(target, full, out, weights_only, report)
     report(f"done: {out} ({_size_text(out)}) in {time.monotonic() - started:.1f} s")
@@ -214,7 +211,7 @@ def _progress(folder: Path, source_bytes: int, report: Callable[[str], None]) ->
 
     def watch() -> None:
         while not stopped.wait(PROGRESS_EVERY):
-            written = sum(_size(path) for path in folder.glob(f"{_WORKING}*"))
+            written = sum(_size(path) for path in folder.glob(f"{WORKING_PREFIX}*"))
             report(f"... {_bytes_text(written)} written so far (the source holds {_bytes_text(source_bytes)})")
 
     watcher = threading.Thread(target=watch, name="convert-progress", daemon=True)
