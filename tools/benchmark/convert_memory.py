@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from tools.benchmark.environment import versions
-from tools.benchmark.memory_accuracy import descendants, status_fields
+from tools.benchmark.memory_accuracy import TreeSampler
 from tools.benchmark.model import GPT
 from tools.benchmark.sizes import SIZES, VOCABULARY
 
@@ -54,50 +53,20 @@ def write_checkpoint(size: str, path: Path) -> None:
     torch.save(checkpoint, path)
 
 
-class AnonymousPeak(threading.Thread):
-    """The peaks of a process tree's summed anonymous and file-backed resident memory while it runs."""
-
-    def __init__(self, root: int, interval: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.root, self.interval = root, interval
-        self.anonymous = self.file_backed = 0
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            anonymous = file_backed = 0
-            for pid in descendants(self.root):
-                try:
-                    fields = status_fields(pid)
-                except OSError:  # it ended since the listing
-                    continue
-                anonymous += int(fields.get("RssAnon", "0 kB").split()[0]) * 1024
-                file_backed += int(fields.get("RssFile", "0 kB").split()[0]) * 1024
-            self.anonymous, self.file_backed = max(self.anonymous, anonymous), max(self.file_backed, file_backed)
-            self.stopped.wait(self.interval)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.join()
-
-
 def convert(source: Path, out: Path, to: str, low_memory: bool) -> dict[str, Any]:
     command = [sys.executable, "-m", "lightning_strategies.cli", "convert", str(source), str(out), "--to", to]
     if low_memory:
         command = [sys.executable, "-c", LOW_MEMORY, str(source), str(out)]
     began = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = AnonymousPeak(process.pid)
-    sampler.start()
+    anonymous, file_backed = (TreeSampler(process.pid, interval=0.05, kind=kind) for kind in ("RssAnon", "RssFile"))
+    anonymous.start()
+    file_backed.start()
     output, _ = process.communicate()
-    sampler.stop()
+    peaks = {"anonymous_peak_bytes": anonymous.stop(), "file_backed_peak_bytes": file_backed.stop()}
     if process.returncode != 0:  # kept with the others: what fails at one commit may not at another
         return {"error": output.strip().splitlines()[-1] if output.strip() else f"exit {process.returncode}"}
-    return {
-        "seconds": round(time.perf_counter() - began, 1),
-        "anonymous_peak_bytes": sampler.anonymous,
-        "file_backed_peak_bytes": sampler.file_backed,
-    }
+    return {"seconds": round(time.perf_counter() - began, 1), **peaks}
 
 
 def main(argv: list[str] | None = None) -> None:

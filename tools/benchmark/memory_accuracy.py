@@ -278,21 +278,22 @@ def status_fields(pid: int | str) -> dict[str, str]:
     return {name: value.strip() for name, value in (line.split(":", 1) for line in lines if ":" in line)}
 
 
-def tree_rss(root: int) -> dict[str, int]:
-    """Resident bytes of ``root`` and every process below it, now, by ``pid command``."""
+def tree_rss(root: int, kind: str = "VmRSS") -> dict[str, int]:
+    """Resident bytes of ``root`` and every process below it, now, by ``pid command``: all of them, or one ``kind``
+    of /proc's status (``RssAnon``: what the processes hold; ``RssFile``: pages of files mapped in)."""
     found = {}
     for pid in descendants(root):
         try:
             fields = status_fields(pid)
         except OSError:  # it ended since the listing
             continue
-        if "VmRSS" in fields:
+        if kind in fields:
             # Anonymous, file-backed, shared and high-water resident kB: which kind of memory the peak is.
             kinds = "/".join(
                 fields.get(kind, "? kB").split()[0] for kind in ("RssAnon", "RssFile", "RssShmem", "VmHWM")
             )
             name = f"{pid} {fields['Name']} anon/file/shmem/hwm kB {kinds}"
-            found[name] = int(fields["VmRSS"].split()[0]) * 1024
+            found[name] = int(fields[kind].split()[0]) * 1024
     return found
 
 
@@ -303,9 +304,9 @@ class TreeSampler(threading.Thread):
     With a ``limit`` (bytes) it kills the tree once the sum passes it: a configuration that would take all of
     the machine's memory is stopped and reported, instead of the kernel's OOM killer choosing what dies."""
 
-    def __init__(self, root: int, interval: float = 0.2, limit: int | None = None) -> None:
+    def __init__(self, root: int, interval: float = 0.2, limit: int | None = None, kind: str = "VmRSS") -> None:
         super().__init__(daemon=True)
-        self.root, self.interval, self.peak, self.limit = root, interval, 0, limit
+        self.root, self.interval, self.peak, self.limit, self.kind = root, interval, 0, limit, kind
         self.at_peak: dict[str, int] = {}
         self.stopped_at: float | None = None  # seconds since start, where the limit stopped the tree
         # (seconds since start, GiB) about every second: with the stages, when the host filled up.
@@ -315,7 +316,7 @@ class TreeSampler(threading.Thread):
     def run(self) -> None:
         started = time.monotonic()
         while not self.stopped.is_set():
-            now = tree_rss(self.root)
+            now = tree_rss(self.root, self.kind)
             if sum(now.values()) > self.peak:
                 self.peak, self.at_peak = sum(now.values()), now
             elapsed = time.monotonic() - started
