@@ -1,7 +1,8 @@
 """Host memory and time of ``lightning-strategies convert`` on a large checkpoint.
 
 ``python -m tools.benchmark.convert_memory`` writes one full Lightning checkpoint of the GPT of model.py (``--size``:
-its fp32 weights and AdamW's two moments after one step, on the CPU), then runs the command for each route, each in
+its fp32 weights and AdamW's two moments after one step, on the CPU) and the same run's ZeRO-2 folder (saved by the
+Trainer under ``deepspeed_stage_2``), then runs the command for each route, each in
 a process of its own, sampling the resident memory of its process tree: the anonymous part (what the conversion
 holds; ``RssAnon``) apart from the file-backed part (pages of the files it reads or writes mapped in, which the
 kernel drops under pressure). Writes the peaks, the seconds (or the error a route ended with) and the checkpoint's
@@ -36,7 +37,34 @@ ROUTES = [
     ("fsdp -> full", "full -> fsdp", "full"),
     ("fsdp -> full, low memory", "full -> fsdp", "full"),
     ("fsdp -> deepspeed", "full -> fsdp", "deepspeed"),
+    ("deepspeed -> full", "zero.ckpt", "full"),
 ]
+# A ZeRO-2 folder as the Trainer saves it: the same GPT after one AdamW step under deepspeed_stage_2, one CPU process.
+ZERO_SAVE = """
+import sys
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from tools.benchmark.model import GPT
+from tools.benchmark.sizes import SIZES, VOCABULARY
+
+class Module(LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = GPT(SIZES[sys.argv[1]], length=16)
+
+    def training_step(self, batch, batch_index):
+        return self.model(batch)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4)
+
+tokens = torch.utils.data.DataLoader(torch.randint(0, VOCABULARY, (1, 17)), batch_size=1)
+trainer = Trainer(strategy="deepspeed_stage_2", accelerator="cpu", devices=1, max_steps=1, logger=False,
+                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Module(), tokens)
+trainer.save_checkpoint(sys.argv[2])
+"""
 LOW_MEMORY = (
     "import sys; from lightning_strategies_fsdp.checkpoint import sharded_to_full; "
     "sharded_to_full(sys.argv[1], sys.argv[2], low_memory=True)"
@@ -79,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     arguments.folder.mkdir(parents=True)
     full = arguments.folder / "full.ckpt"
     write_checkpoint(arguments.size, full)
-    written = {"full.ckpt": full}
+    zero = arguments.folder / "zero.ckpt"
+    subprocess.run([sys.executable, "-c", ZERO_SAVE, arguments.size, str(zero)], check=True)
+    written = {"full.ckpt": full, "zero.ckpt": zero}
     results = {}
     for route, source, to in ROUTES:
         written[route] = arguments.folder / route.replace(" -> ", "-to-").replace(", ", "-").replace(" ", "-")

@@ -38,11 +38,15 @@ def saved(folder):
         "save": folder / "z.ckpt",
     }
     runs = {"zero": zero, "uninterrupted": {"strategy": "deepspeed_stage_2", **FULL}}
+    stage_3 = {**zero, "strategy": "deepspeed_stage_3"}
     # ZeRO-3 splits each process's 338 elements into sub-groups of at most 100, each with its own record of names.
     sub_groups = {"stage": 3, "sub_group_size": 100}
-    runs["zero-3-sub-groups"] = {**zero, "strategy": "deepspeed_stage_3", "options": sub_groups, "save": folder / "z3.ckpt"}
+    runs["zero-3-sub-groups"] = {**stage_3, "options": sub_groups, "save": folder / "z3.ckpt"}
     round_robin = {"config": {"zero_optimization": {"stage": 2, "round_robin_gradients": True}}}
     runs["round-robin"] = {**zero, "options": round_robin, "save": folder / "round-robin.ckpt"}
+    # A fine-tune: the first layer frozen, kept whole in rank 0's model states (stage 2) or partitioned (stage 3).
+    runs |= {f"frozen-{stage}": {**run, "frozen": True, "save": folder / f"frozen-{stage}.ckpt"}
+             for stage, run in ((2, zero), (3, stage_3))}  # fmt: skip
     runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in SAVED_BY}
     return train_together(folder / "saving", runs)
 
@@ -142,6 +146,15 @@ def test_stage_3_sub_groups_map_onto_their_parameters(folder, saved, tmp_path):
     written = torch.load(tmp_path / "full.ckpt", weights_only=True)
     assert_weights_close(written["state_dict"], trained["weights"])
     assert_named_adam_states(written, list(trained["weights"]), steps=2)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_frozen_parameters_are_in_the_full_file(folder, saved, tmp_path, stage):
+    trained = succeeded(saved, f"frozen-{stage}")
+    assert cli(["convert", str(folder / f"frozen-{stage}.ckpt"), str(tmp_path / "full.ckpt"), "--to", "full"]) == 0
+    written = torch.load(tmp_path / "full.ckpt", weights_only=True)
+    assert_weights_close(written["state_dict"], trained["weights"])  # the frozen layer's included
+    assert list(written["optimizer_states"][0]["state"]) == ["net.2.weight", "net.2.bias"]  # states of the rest
 
 
 def test_round_robin_gradients_is_refused_with_the_route_that_works(folder, saved, tmp_path, capsys):

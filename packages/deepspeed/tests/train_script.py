@@ -68,7 +68,7 @@ class Regression(LightningModule):
         self.loaded_mp_world_size = checkpoint.get("mp_world_size")
 
     def configure_optimizers(self):
-        parameters = self.parameters()
+        parameters = [parameter for parameter in self.parameters() if parameter.requires_grad]
         if self.optimizer_name == "cpu_adam":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -114,6 +114,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--scheduler", action="store_true")
+    parser.add_argument("--frozen", action="store_true", help="the first layer is frozen (a fine-tune of the rest)")
     parser.add_argument("--save", default=None, help="checkpoint to write at the end of each epoch (ModelCheckpoint)")
     parser.add_argument("--resume", default=None, help="checkpoint to resume from")
     parser.add_argument(
@@ -158,6 +159,7 @@ def train(arguments: argparse.Namespace) -> None:
     }
     seed_everything(7, workers=True)
     model = Regression(arguments.optimizer, scheduler=arguments.scheduler)
+    model.net[0].requires_grad_(not arguments.frozen)
     strategy = arguments.strategy
     options = json.loads(arguments.strategy_options)
     if options and strategy.startswith("fsdp"):  # the cross-strategy matrix: fsdp with state_dict_type="full"

@@ -326,15 +326,19 @@ def convert_zero_checkpoint(
             name: tensor.float() if tensor.is_floating_point() else tensor
             for name, tensor in client_state["module"].items()
         }
-    converted = _restore_shadowed_keys(
-        {key: value for key, value in client_state.items() if key not in _DEEPSPEED_KEYS}
-    )
+    converted = lightning_state(client_state)
     converted["state_dict"] = dict(state_dict)
     if output_file is not None:
         Path(output_file).parent.mkdir(parents=True, exist_ok=True)
         with staged_save(output_file) as staged:
             torch.save(converted, staged)
     return converted
+
+
+def lightning_state(client_state: dict[str, Any]) -> dict[str, Any]:
+    """What Lightning saved in rank 0's model-states file (loops, callbacks, schedulers, hyperparameters), without
+    what DeepSpeed keeps beside it."""
+    return _restore_shadowed_keys({key: value for key, value in client_state.items() if key not in _DEEPSPEED_KEYS})
 
 
 def read_weights(checkpoint: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:

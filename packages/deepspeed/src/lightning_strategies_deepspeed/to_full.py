@@ -50,12 +50,16 @@ def to_full_checkpoint(
             f"alone. {_WEIGHTS_ALONE.format(path=source)}"
         )
     checkpoints.check_model_states_load(location, weights_only)
-    checkpoint = checkpoints.convert_zero_checkpoint(source, weights_only=weights_only)
+    client_state = checkpoints.read_saved_file(
+        checkpoints.rank_0_model_states(location.tag_folder), weights_only, mmap=True
+    )
+    checkpoint = checkpoints.lightning_state(client_state)
     with scratch_folder(destination.parent) as scratch:
         universal = scratch / "universal"
         workers = max(1, min(os.cpu_count() or 1, 8))
         checkpoints.write_universal(location.tag_folder, universal, source, workers)
-        # The moments stay mapped from the scratch folder's files until written: host memory holds the weights alone.
+        # Weights and moments stay mapped from the files until written: host memory need not hold the model.
+        checkpoint["state_dict"] = _whole_weights(location, universal, client_state, weights_only)
         checkpoint["optimizer_states"] = [_named_optimizer_state(universal, checkpoint["state_dict"], source)]
         with staged_save(destination) as staged:
             torch.save(checkpoint, staged)
@@ -97,6 +101,51 @@ def _named_optimizer_state(universal: Path, weights: dict[str, torch.Tensor], so
         state[name] = {"step": torch.tensor(float(step)), **entry}
     param_groups = [{**group, "params": group_names} for group, group_names in zip(groups, names, strict=True)]
     return {"state": state, "param_groups": param_groups}
+
+
+def _whole_weights(
+    location: checkpoints.CheckpointLocation, universal: Path, client_state: dict[str, Any], weights_only: bool | None
+) -> dict[str, torch.Tensor]:
+    """The model's state dict as DeepSpeed's ``zero_to_fp32`` merges it (buffers, frozen parameters, trained parameters
+    in fp32, tied parameters), from mapped files rather than merged in memory: each trained parameter's fp32 value from
+    the universal folder, the rest from the saved model states."""
+    buffer_names = set(client_state["buffer_names"])
+    weights = {
+        name: tensor.float() if tensor.is_floating_point() else tensor
+        for name, tensor in client_state["module"].items()
+        if name in buffer_names
+    }
+    weights.update(_frozen_parameters(location, client_state, weights_only))
+    for shapes in client_state["param_shapes"]:
+        for name, shape in shapes.items():
+            weights[name] = _universal_tensor(universal / "zero" / name / "fp32.pt").reshape(shape)
+    for name, tied_to in client_state["shared_params"].items():
+        if tied_to in weights:
+            weights[name] = weights[tied_to]
+    return weights
+
+
+def _frozen_parameters(
+    location: checkpoints.CheckpointLocation, client_state: dict[str, Any], weights_only: bool | None
+) -> dict[str, torch.Tensor]:
+    """Parameters that took no optimizer step (frozen for a fine-tune), which the universal layout leaves out: whole in
+    rank 0's model states at stages 1 and 2, partitioned across every rank's at stage 3."""
+    shapes = client_state.get("frozen_param_shapes") or {}
+    if not shapes:
+        return {}
+    layout = compatibility.SavedLayout.of(location.tag_folder, client_state)
+    if not layout.parameter_ranks:
+        return dict(client_state["frozen_param_fragments"])
+    ranks = [
+        checkpoints.read_saved_file(
+            location.tag_folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt", weights_only, mmap=True
+        )["frozen_param_fragments"]
+        for rank in layout.parameter_ranks
+    ]
+    return {
+        name: torch.cat([fragments[name] for fragments in ranks]).narrow(0, 0, shape.numel()).view(shape)
+        for name, shape in shapes.items()
+    }
 
 
 def _names_by_group(model_states: dict[str, Any], groups: list[dict[str, Any]], stage_3: bool) -> list[list[str]]:
