@@ -109,14 +109,18 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
         check_checkpoint_file(folder / ONE_FILE_NAME, TorchCheckpointIO(), "DDPStrategy")
-        # Another checkpoint copied over it keeping its older times (cp -p), a file in a sub-folder (ZeRO's tag folder)
-        # changed: stale too.
-        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
-        (folder / "checkpoint").mkdir()
-        (folder / "checkpoint" / "mp_rank_00_model_states.pt").write_bytes(b"another run's")
-        os.utime(folder / "checkpoint" / "mp_rank_00_model_states.pt", ns=(1, 1))
-        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
-        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
+        # A file in a sub-folder (ZeRO's tag folder) added, then another run's copied over it keeping its older time
+        # (cp -p): stale each time.
+        shard = folder / "checkpoint" / "mp_rank_00_model_states.pt"
+        shard.parent.mkdir()
+        shard.write_bytes(b"this run's")
+        for _ in range(2):
+            written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
+            assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+            assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written
+            old_time = shard.stat().st_mtime_ns
+            shard.write_bytes(b"another run's")
+            os.utime(shard, ns=(old_time, old_time))
         # A conversion killed after writing the file but before recording its source: converted again.
         written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
         (folder / ONE_FILE_SOURCE).unlink()
@@ -159,14 +163,15 @@ def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> 
 def test_a_scratch_folder_left_by_a_killed_conversion_is_removed_by_the_next(tmp_path: Path) -> None:
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(ended.stdout)  # a process of this machine that has ended
-    host = socket.gethostname()
-    abandoned = tmp_path / f"{SCRATCH_PREFIX}{dead}-{host}-abc123"
-    running = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-{host}-def456"
-    elsewhere = tmp_path / f"{SCRATCH_PREFIX}{dead}-another-host-ghi789"  # a shared file system's other machine
-    for folder in (abandoned, running, elsewhere):
+    here = f"{os.stat('/proc/self/ns/pid').st_ino}-{socket.gethostname()}"
+    abandoned = tmp_path / f"{SCRATCH_PREFIX}{dead}-{here}-abc123"
+    running = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-{here}-def456"
+    elsewhere = tmp_path / f"{SCRATCH_PREFIX}{dead}-1-another-host-ghi789"  # a shared file system's other machine
+    container = tmp_path / f"{SCRATCH_PREFIX}{dead}-1-{socket.gethostname()}-jkl012"  # the same host name, other pids
+    for folder in (abandoned, running, elsewhere, container):
         folder.mkdir()
         (folder / "universal.pt").write_bytes(b"as large as the model")
     with scratch_folder(tmp_path) as scratch:
-        assert scratch.is_dir() and scratch.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-{host}-")
-        assert not abandoned.exists() and running.exists() and elsewhere.exists()
+        assert scratch.is_dir() and scratch.name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-{here}-")
+        assert not abandoned.exists() and running.exists() and elsewhere.exists() and container.exists()
     assert not scratch.exists()

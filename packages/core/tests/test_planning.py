@@ -121,9 +121,14 @@ def test_available_memory_is_what_is_left_under_the_cgroup_limit_where_less(tmp_
     (cgroup / "memory.max").write_text(f"{24 * GIB}\n")
     (cgroup / "memory.current").write_text(f"{20 * GIB}\n")
     assert available_memory(meminfo, cgroup) == 4 * GIB  # the container's limit, not the machine's memory
+    (cgroup / "memory.stat").write_text(f"anon 1\ninactive_file {3 * GIB}\nactive_file 5\n")
+    assert available_memory(meminfo, cgroup) == 7 * GIB  # page cache not in use is reclaimed before a kill
+    (cgroup / "memory.stat").unlink()
+    (cgroup / "memory.current").write_text(f"{24 * GIB}\n")
+    assert available_memory(meminfo, cgroup) == 0  # at the limit: nothing left, not unknown
     (cgroup / "memory.max").write_text("max\n")
     assert available_memory(meminfo, cgroup) == 64 * GIB
-    assert available_memory(tmp_path / "absent", tmp_path / "absent") == 0  # not known
+    assert available_memory(tmp_path / "absent", tmp_path / "absent") is None  # not known
 
 
 def test_fits_leaves_room_for_the_cuda_context_and_host_headroom():

@@ -44,9 +44,10 @@ def saved(folder):
     runs["zero-3-sub-groups"] = {**stage_3, "options": sub_groups, "save": folder / "z3.ckpt"}
     round_robin = {"config": {"zero_optimization": {"stage": 2, "round_robin_gradients": True}}}
     runs["round-robin"] = {**zero, "options": round_robin, "save": folder / "round-robin.ckpt"}
-    # A fine-tune: the first layer frozen, kept whole in rank 0's model states (stage 2) or partitioned (stage 3).
+    # A fine-tune: the first layer frozen, whole in rank 0's model states (stages 1 and 2) or partitioned (stage 3).
+    stage_1 = {**zero, "strategy": "deepspeed_stage_1"}
     runs |= {f"frozen-{stage}": {**run, "frozen": True, "save": folder / f"frozen-{stage}.ckpt"}
-             for stage, run in ((2, zero), (3, stage_3))}  # fmt: skip
+             for stage, run in ((1, stage_1), (2, zero), (3, stage_3))}  # fmt: skip
     runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in SAVED_BY}
     return train_together(folder / "saving", runs)
 
@@ -148,7 +149,7 @@ def test_stage_3_sub_groups_map_onto_their_parameters(folder, saved, tmp_path):
     assert_named_adam_states(written, list(trained["weights"]), steps=2)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_frozen_parameters_are_in_the_full_file(folder, saved, tmp_path, stage):
     trained = succeeded(saved, f"frozen-{stage}")
     assert cli(["convert", str(folder / f"frozen-{stage}.ckpt"), str(tmp_path / "full.ckpt"), "--to", "full"]) == 0

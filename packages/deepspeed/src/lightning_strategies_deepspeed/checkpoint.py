@@ -314,6 +314,7 @@ def convert_zero_checkpoint(
     location = locate(checkpoint)
     tag_folder = location.tag_folder
     compatibility.check_saved_files(tag_folder)
+    check_model_states_load(location, weights_only)
     client_state = read_saved_file(rank_0_model_states(tag_folder), weights_only)
     if any(tag_folder.glob("*optim_states.pt")) and client_state.get("ds_config", {}).get("zero_optimization", {}).get(
         "stage", 0

@@ -53,6 +53,12 @@ def to_full_checkpoint(
     client_state = checkpoints.read_saved_file(
         checkpoints.rank_0_model_states(location.tag_folder), weights_only, mmap=True
     )
+    if (client_state.get("ds_config") or {}).get("zero_optimization", {}).get("round_robin_gradients"):
+        # DeepSpeed then records its parameters shuffled, and torch's load_state_dict (ddp) pairs them by order.
+        raise CheckpointError(
+            f"{source} was saved with round_robin_gradients, whose order of parameters is not the model's, so their "
+            f"states cannot be put in the model's order here. {_WEIGHTS_ALONE.format(path=source)}"
+        )
     checkpoint = checkpoints.lightning_state(client_state)
     with scratch_folder(destination.parent) as scratch:
         universal = scratch / "universal"
@@ -72,12 +78,6 @@ def _named_optimizer_state(universal: Path, weights: dict[str, torch.Tensor], so
     saved = torch.load(universal / "zero" / "optimizer_state.pt", map_location="cpu", weights_only=False)
     groups = saved["param_groups"]
     names = _names_by_group(model_states, groups, stage_3=checkpoints.STAGE_3_OPTIMIZER_STATE in saved)
-    if (model_states.get("ds_config") or {}).get("zero_optimization", {}).get("round_robin_gradients"):
-        # DeepSpeed then records its parameters shuffled, and torch's load_state_dict (ddp) pairs them by order.
-        raise CheckpointError(
-            f"{source} was saved with round_robin_gradients, whose order of parameters is not the model's, so their "
-            f"states cannot be put in the model's order here. {_WEIGHTS_ALONE.format(path=source)}"
-        )
     if len(names) != len(groups):
         raise CheckpointError(
             f"{source}: DeepSpeed recorded {len(names)} groups of parameter names for {len(groups)} optimizer param "
@@ -128,14 +128,17 @@ def _whole_weights(
 def _frozen_parameters(
     location: checkpoints.CheckpointLocation, client_state: dict[str, Any], weights_only: bool | None
 ) -> dict[str, torch.Tensor]:
-    """Parameters that took no optimizer step (frozen for a fine-tune), which the universal layout leaves out: whole in
-    rank 0's model states at stages 1 and 2, partitioned across every rank's at stage 3."""
+    """Parameters that took no optimizer step (frozen for a fine-tune), which the universal layout leaves out: at stages
+    1 and 2 the saved module holds them whole (stage 1 records no frozen_param_shapes, so they are what it holds beside
+    the trained parameters, buffers and tied names), at stage 3 every rank's model states hold a partition."""
+    layout = compatibility.SavedLayout.of(location.tag_folder, client_state)
+    if not layout.parameter_ranks:
+        trained = {name for shapes in client_state["param_shapes"] for name in shapes}
+        others = trained | set(client_state["buffer_names"]) | set(client_state["shared_params"])
+        return {name: tensor for name, tensor in client_state["module"].items() if name not in others}
     shapes = client_state.get("frozen_param_shapes") or {}
     if not shapes:
         return {}
-    layout = compatibility.SavedLayout.of(location.tag_folder, client_state)
-    if not layout.parameter_ranks:
-        return dict(client_state["frozen_param_fragments"])
     ranks = [
         checkpoints.read_saved_file(
             location.tag_folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt", weights_only, mmap=True

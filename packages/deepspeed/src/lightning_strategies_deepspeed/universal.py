@@ -29,7 +29,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import files_fingerprint, staged_save
+from lightning_strategies.checkpoints import files_fingerprint, read_record, staged_save
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
 
@@ -107,7 +107,7 @@ def _convert_once(
     source = _fingerprint(location)
     processes = "process" if source["world_size"] == 1 else "processes"
     if target.exists():
-        recorded = _recorded_source(target)
+        recorded = read_record(target / SOURCE)
         if recorded is None:
             raise _Unconvertible(
                 f"{target} exists and was not written by this conversion; it is left as it is. Move it away to "
@@ -165,11 +165,3 @@ def _fingerprint(location: checkpoints.CheckpointLocation) -> dict[str, Any]:
     files = files_fingerprint(location.tag_folder)
     layout = compatibility.SavedLayout.of(location.tag_folder, {})
     return {"tag": location.tag, "files": files, "world_size": max(len(layout.optimizer_ranks), 1)}
-
-
-def _recorded_source(target: Path) -> dict[str, Any] | None:
-    try:
-        recorded = json.loads(target.joinpath(SOURCE).read_text())
-    except (OSError, ValueError):
-        return None
-    return recorded if isinstance(recorded, dict) else None

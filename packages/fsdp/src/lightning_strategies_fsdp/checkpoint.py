@@ -427,9 +427,9 @@ def sharded_to_full(
 def _scratch(source: Path, destination: Path, low_memory: bool | None) -> Iterator[Path | None]:
     """A scratch folder beside ``destination`` for ``sharded_to_full``'s mapped tensors, or None (host memory)."""
     if low_memory is None:
-        size = sum(path.stat().st_size for path in source.iterdir() if path.is_file())
+        size = sum(path.stat().st_size for path in source.glob("*.distcp"))  # the shards, not a full.ckpt beside
         available = available_memory()
-        low_memory = available > 0 and size > available / 2
+        low_memory = available is not None and size > available / 2
     if not low_memory:
         yield None
         return

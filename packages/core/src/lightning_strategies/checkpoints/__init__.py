@@ -29,7 +29,7 @@ from lightning_strategies.checkpoints.formats import (
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.optimizer_keys import keyed_by_name
-from lightning_strategies.checkpoints.scratch import files_fingerprint, scratch_folder
+from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record, scratch_folder
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
     is_local,
@@ -57,6 +57,7 @@ __all__ = [
     "load_file",
     "one_file_for",
     "publish",
+    "read_record",
     "reads_torch_save_files",
     "recover",
     "recover_before_load",

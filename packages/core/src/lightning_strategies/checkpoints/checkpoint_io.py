@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_strategies.checkpoints.formats import FILE, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints.loading import check_file
-from lightning_strategies.checkpoints.scratch import files_fingerprint
+from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record
 from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
 
@@ -132,35 +132,28 @@ def _one_file_on_rank_zero(
     if found is None or not found.to_full_checkpoint or found.key in native:
         return None, None, ""
     target = path / ONE_FILE_NAME
-    source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE))
-    reused = target.is_file() and _recorded_source(path) == source
-    if not reused:
-        module, _, function = found.to_full_checkpoint.partition(":")
-        try:
+    try:  # every rank raises a failure here, rather than the others waiting for rank 0 forever
+        source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE))
+        reused = target.is_file() and read_record(path / ONE_FILE_SOURCE) == source
+        if not reused:
+            module, _, function = found.to_full_checkpoint.partition(":")
             getattr(importlib.import_module(module), function)(path, target, weights_only)
-        except Exception as error:  # every rank raises it, rather than the others waiting for rank 0 forever
-            failure = (
-                f"{path} is {found.description}; {strategy} reads one checkpoint file, so it is converted to one at "
-                f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}."
-            )
-            return None, failure, ""
-        # Recorded after the file is in place: a conversion killed before leaves no record, so the next converts again.
-        with staged_save(path / ONE_FILE_SOURCE) as staged:
-            staged.write_text(json.dumps(source, indent=1))
+            # Recorded after the file is in place: a conversion killed before leaves no record, so the next converts
+            # again.
+            with staged_save(path / ONE_FILE_SOURCE) as staged:
+                staged.write_text(json.dumps(source, indent=1))
+    except Exception as error:
+        failure = (
+            f"{path} is {found.description}; {strategy} reads one checkpoint file, so it is converted to one at "
+            f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}."
+        )
+        return None, failure, ""
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
     log.info(
         f"Resuming {path} ({found.description}) under {strategy} from its one-file form {target} ({how}; weights, "
         "optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
     )
     return str(target), None, f"`lightning-strategies convert {path} full.ckpt --to full`"
-
-
-def _recorded_source(folder: Path) -> dict[str, Any] | None:
-    try:
-        recorded = json.loads((folder / ONE_FILE_SOURCE).read_text())
-    except (OSError, ValueError):
-        return None
-    return recorded if isinstance(recorded, dict) else None
 
 
 def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:

@@ -7,6 +7,7 @@ is gone (killed mid-way, nothing removed it) instead of leaving it to fill the d
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -14,6 +15,7 @@ import tempfile
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # Every working folder of this project begins with it (staging of saves, scratch folders): never part of a checkpoint.
 WORKING_PREFIX = ".lightning-strategies-"
@@ -27,20 +29,33 @@ def scratch_folder(beside: str | os.PathLike[str]) -> Iterator[Path]:
     beside = Path(beside)
     beside.mkdir(parents=True, exist_ok=True)
     remove_abandoned_scratch(beside)
-    # pid first: host names may hold dashes, pids never do.
-    prefix = f"{SCRATCH_PREFIX}{os.getpid()}-{socket.gethostname()}-"
-    with tempfile.TemporaryDirectory(prefix=prefix, dir=beside) as folder:
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{_process_name()}-", dir=beside) as folder:
         yield Path(folder)
 
 
+def _process_name() -> str:
+    """This process, as no other process that shares the folder names itself: its pid, its pid namespace (containers
+    on one host may share the host name and the pids) and its host. The pid comes first: host names may hold dashes,
+    pids and namespace numbers never do."""
+    return f"{os.getpid()}-{_pid_namespace()}-{socket.gethostname()}"
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def remove_abandoned_scratch(folder: Path) -> list[Path]:
-    """Remove the scratch folders in ``folder`` made on this machine by processes that no longer run; return them.
-    Those of other machines (a shared file system) and of running processes are left alone."""
+    """Remove the scratch folders in ``folder`` made in this pid namespace of this machine by processes that no longer
+    run; return them. Those of other machines or containers (a shared file system) and of running processes are left
+    alone."""
     removed = []
-    host = socket.gethostname()
+    here = f"{_pid_namespace()}-{socket.gethostname()}"
     for candidate in folder.glob(f"{SCRATCH_PREFIX}*"):
         pid, _, rest = candidate.name.removeprefix(SCRATCH_PREFIX).partition("-")
-        if not (pid.isdigit() and rest.rpartition("-")[0] == host) or _running(int(pid)):
+        if not (pid.isdigit() and rest.rpartition("-")[0] == here) or _running(int(pid)):
             continue
         shutil.rmtree(candidate, ignore_errors=True)
         removed.append(candidate)
@@ -60,13 +75,28 @@ def _running(pid: int) -> bool:
 def files_fingerprint(folder: Path, leave_out: Collection[str] = ()) -> dict[str, list[int]]:
     """Size and modification time of every file below ``folder``, by path relative to it: what a conversion records
     of its source, so that a source saved again or copied over (even keeping older times, as sizes change) makes the
-    output stale. Top-level entries named in ``leave_out`` and this project's working folders are not part of it."""
+    output stale. Top-level entries named in ``leave_out`` and this project's working folders are not part of it;
+    files that vanish while it looks (another process's staging) are not either."""
     found = {}
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder)
-        top = relative.parts[0]
-        if top in leave_out or top.startswith(WORKING_PREFIX) or not path.is_file():
-            continue
-        status = path.stat()
-        found[relative.as_posix()] = [status.st_size, status.st_mtime_ns]
-    return found
+    for directory, folders, files in os.walk(folder):
+        relative = Path(directory).relative_to(folder)
+        if relative == Path("."):
+            folders[:] = [name for name in folders if name not in leave_out and not name.startswith(WORKING_PREFIX)]
+            files = [name for name in files if name not in leave_out and not name.startswith(WORKING_PREFIX)]
+        for name in files:
+            try:
+                status = (Path(directory) / name).stat()
+            except FileNotFoundError:
+                continue
+            found[(relative / name).as_posix()] = [status.st_size, status.st_mtime_ns]
+    return dict(sorted(found.items()))
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """A JSON record a conversion wrote beside its output (what it was converted from), or None where there is none
+    or it cannot be read: the output is then converted again."""
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None

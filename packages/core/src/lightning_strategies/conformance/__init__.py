@@ -51,11 +51,14 @@ class CheckReport:
                 continue
             mark = "PASS" if result["passed"] else "FAIL"
             lines.append(f"  {mark}  {result['check']:<34} {result['detail']}")
+        # Where the checks do not explain how the run ended, its last output does.
+        unexplained = ""
         if not self.results:
-            lines.append(f"  FAIL  no report was written (exit code {self.returncode}); last output:")
-        elif self.returncode != 0:
-            lines.append(f"  FAIL  the run exited with code {self.returncode} after its checks; last output:")
-        if self.returncode != 0 or not self.results:
+            unexplained = f"no report was written (exit code {self.returncode})"
+        elif self.returncode != 0 and all(result["passed"] for result in self.results):
+            unexplained = f"every check passed, then the run exited with code {self.returncode}"
+        if unexplained:
+            lines.append(f"  FAIL  {unexplained}; last output:")
             lines.extend("        " + line for line in self.output.strip().splitlines()[-25:])
         failed_tracebacks = [result["detail"] for result in self.results if result["check"] == "traceback"]
         for trace in failed_tracebacks[:1]:

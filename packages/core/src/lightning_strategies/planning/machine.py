@@ -116,8 +116,12 @@ def _cuda_devices() -> tuple[int, int]:
 
 MEMINFO = Path("/proc/meminfo")
 CGROUP = Path("/sys/fs/cgroup")
-# A cgroup's memory limit and what its processes use now: version 2's files, then version 1's.
-_CGROUP_FILES = (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"))
+# A cgroup's memory limit, what its processes use now (page cache included), and where its page cache not in use
+# now (which the kernel reclaims before killing) is counted: version 2's files, then version 1's.
+_CGROUP_FILES = (
+    ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+    ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat", "total_inactive_file"),
+)
 
 
 def host_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
@@ -134,12 +138,13 @@ def host_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
     return total
 
 
-def available_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
+def available_memory(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int | None:
     """Host memory this process can take now without swapping or being killed: MemAvailable, or what is left under a
-    container's cgroup limit where less (0 where neither is known)."""
-    available = _meminfo_bytes(meminfo, "MemAvailable") or 0
+    container's cgroup limit where less (its inactive page cache counted as free, as the kernel would reclaim it);
+    None where neither is known."""
+    available = _meminfo_bytes(meminfo, "MemAvailable")
     for limit, used in _cgroup_limits(cgroup):
-        if used is not None and (available == 0 or limit - used < available):
+        if used is not None and (available is None or limit - used < available):
             available = max(limit - used, 0)
     return available
 
@@ -155,9 +160,9 @@ def _meminfo_bytes(meminfo: Path, field: str) -> int | None:
 
 
 def _cgroup_limits(cgroup: Path) -> list[tuple[int, int | None]]:
-    """(limit, use now or None) of each cgroup memory limit set ("max" is none)."""
+    """(limit, use now less reclaimable page cache, or None) of each cgroup memory limit set ("max" is none)."""
     found = []
-    for limit_name, usage_name in _CGROUP_FILES:
+    for limit_name, usage_name, stat_name, inactive_name in _CGROUP_FILES:
         try:
             limit = (cgroup / limit_name).read_text().strip()
         except OSError:
@@ -168,5 +173,19 @@ def _cgroup_limits(cgroup: Path) -> list[tuple[int, int | None]]:
             used: int | None = int((cgroup / usage_name).read_text().strip())
         except (OSError, ValueError):
             used = None
+        if used is not None:
+            used -= _stat_bytes(cgroup / stat_name, inactive_name)
         found.append((int(limit), used))
     return found
+
+
+def _stat_bytes(path: Path, field: str) -> int:
+    """One field of a cgroup's memory.stat (bytes), 0 where absent."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == field and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
