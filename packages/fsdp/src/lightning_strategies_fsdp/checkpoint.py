@@ -49,7 +49,7 @@ from lightning_strategies.checkpoints import (
 )
 from lightning_strategies.checkpoints import staged_checkpoint_io_save as staged_checkpoint_io
 from lightning_strategies.hugging_face import recorded_models
-from lightning_strategies.planning.machine import available_memory
+from lightning_strategies.planning import available_memory
 from lightning_strategies_fsdp.checksums import summing_writer, write_checksums
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.validation import (

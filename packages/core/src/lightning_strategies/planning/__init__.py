@@ -26,7 +26,7 @@ from lightning_strategies.planning.candidates import (
     with_choice_margin,
 )
 from lightning_strategies.planning.fitted import GIB, Fitted, unfound_evidence
-from lightning_strategies.planning.machine import Machine
+from lightning_strategies.planning.machine import Machine, available_memory
 from lightning_strategies.planning.planner import Plan, plan
 from lightning_strategies.planning.workload import ModelShape, StateBytes, Workload, activation_bytes, parse_count
 
@@ -44,6 +44,7 @@ __all__ = [
     "StateBytes",
     "Workload",
     "activation_bytes",
+    "available_memory",
     "candidate",
     "candidate_from",
     "fits_machine",
