@@ -48,6 +48,8 @@ def saved(folder):
     stage_1 = {**zero, "strategy": "deepspeed_stage_1"}
     runs |= {f"frozen-{stage}": {**run, "frozen": True, "save": folder / f"frozen-{stage}.ckpt"}
              for stage, run in ((1, stage_1), (2, zero), (3, stage_3))}  # fmt: skip
+    runs |= {f"tied-{stage}": {**run, "tied_and_buffers": True, "save": folder / f"tied-{stage}.ckpt"}
+             for stage, run in ((1, stage_1), (2, zero), (3, stage_3))}  # fmt: skip
     runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in SAVED_BY}
     return train_together(folder / "saving", runs)
 
@@ -156,6 +158,22 @@ def test_frozen_parameters_are_in_the_full_file(folder, saved, tmp_path, stage):
     written = torch.load(tmp_path / "full.ckpt", weights_only=True)
     assert_weights_close(written["state_dict"], trained["weights"])  # the frozen layer's included
     assert list(written["optimizer_states"][0]["state"]) == ["net.2.weight", "net.2.bias"]  # states of the rest
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_buffers_and_tied_weights_are_as_deepspeeds_own_merge_writes_them(folder, saved, tmp_path, stage):
+    """The one file maps the weights from the universal folder; DeepSpeed's zero_to_fp32 merges them in memory: the
+    same state dict, batch norm buffers and both names of a tied weight included."""
+    from lightning_strategies_deepspeed.checkpoint import convert_zero_checkpoint
+
+    succeeded(saved, f"tied-{stage}")
+    source = folder / f"tied-{stage}.ckpt"
+    assert cli(["convert", str(source), str(tmp_path / "full.ckpt"), "--to", "full"]) == 0
+    written = torch.load(tmp_path / "full.ckpt", weights_only=True)["state_dict"]
+    merged = convert_zero_checkpoint(source)["state_dict"]
+    assert {"net.1.running_mean", "net.1.num_batches_tracked", "net.0.weight", "net.2.weight"} <= written.keys()
+    assert_weights_close(written, merged, tolerance=0.0)
+    assert torch.equal(written["net.0.weight"], written["net.2.weight"])
 
 
 def test_round_robin_gradients_is_refused_with_the_route_that_works(folder, saved, tmp_path, capsys):

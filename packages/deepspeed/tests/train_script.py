@@ -115,6 +115,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--scheduler", action="store_true")
     parser.add_argument("--frozen", action="store_true", help="the first layer is frozen (a fine-tune of the rest)")
+    parser.add_argument(
+        "--tied-and-buffers", action="store_true", help="a batch norm (buffers) between two layers sharing one weight"
+    )
     parser.add_argument("--save", default=None, help="checkpoint to write at the end of each epoch (ModelCheckpoint)")
     parser.add_argument("--resume", default=None, help="checkpoint to resume from")
     parser.add_argument(
@@ -160,6 +163,11 @@ def train(arguments: argparse.Namespace) -> None:
     seed_everything(7, workers=True)
     model = Regression(arguments.optimizer, scheduler=arguments.scheduler)
     model.net[0].requires_grad_(not arguments.frozen)
+    if arguments.tied_and_buffers:
+        first, second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+        second.weight = first.weight
+        layers = (first, torch.nn.BatchNorm1d(16), second, torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        model.net = torch.nn.Sequential(*layers)
     strategy = arguments.strategy
     options = json.loads(arguments.strategy_options)
     if options and strategy.startswith("fsdp"):  # the cross-strategy matrix: fsdp with state_dict_type="full"
