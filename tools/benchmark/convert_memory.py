@@ -1,8 +1,8 @@
 """Host memory and time of ``lightning-strategies convert`` on a large checkpoint.
 
 ``python -m tools.benchmark.convert_memory`` writes one full Lightning checkpoint of the GPT of model.py (``--size``:
-its fp32 weights and AdamW's two moments after one step, on the CPU) and the same run's ZeRO-2 folder (saved by the
-Trainer under ``deepspeed_stage_2``), then runs the command for each route, each in
+its fp32 weights and AdamW's two moments after one step, on the CPU) and a ZeRO-2 folder of the same GPT after one step
+(saved by the Trainer under ``deepspeed_stage_2``), then runs the command for each route, each in
 a process of its own, sampling the resident memory of its process tree: the anonymous part (what the conversion
 holds; ``RssAnon``) apart from the file-backed part (pages of the files it reads or writes mapped in, which the
 kernel drops under pressure). Writes the peaks, the seconds (or the error a route ended with) and the checkpoint's
