@@ -66,6 +66,17 @@ if compgen -G "$repo/.kernels/kernels.tar.gz.part-*" >/dev/null && [ ! -e /tmp/c
   fi
 fi
 
+# libaio carried by build.sh, for DeepSpeed's async_io op (NVMe offload), where the image has none: gcc finds the
+# header and library through CPATH and LIBRARY_PATH (DeepSpeed's check compiles a call to it, its JIT build links
+# -laio), the loader through LD_LIBRARY_PATH.
+if [ -e "$repo/.whl/libaio/libaio.so.1" ] && ! ldconfig -p | grep -q 'libaio\.so\.1 '; then
+  mkdir -p /tmp/libaio
+  cp "$repo/.whl/libaio/libaio.so.1" "$repo/.whl/libaio/libaio.h" /tmp/libaio/
+  ln -sf libaio.so.1 /tmp/libaio/libaio.so
+  export CPATH="/tmp/libaio${CPATH:+:$CPATH}" LIBRARY_PATH="/tmp/libaio${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="/tmp/libaio${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
 # Packs the kernel cache into DIR in parts the device tool returns (16 MiB at most), to carry as `.kernels`.
 # Lock files are left out: one left behind would make every rank of the next machine wait for it forever.
 pack_kernel_cache() {

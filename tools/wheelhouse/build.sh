@@ -38,5 +38,18 @@ DS_BUILD_OPS=0 BUILD_EXT=0 "${pip[@]}" wheel -q --no-deps -w "$out" "${sdists[@]
 
 python3 "$repo/tools/wheelhouse/slim_bitsandbytes.py" "$out"/bitsandbytes-*.whl
 
+# The GPU image lacks libaio, which DeepSpeed's NVMe offload (deepspeed_stage_3_offload_nvme) builds its async_io
+# op against. This machine's runtime library and header travel beside the wheels; setup.sh puts them on the
+# compiler's and the loader's paths where the image has none. It depends on glibc alone.
+rm -rf "$out/libaio"
+library=$(ldconfig -p | awk '/libaio\.so\.1 .*x86-64/ {print $NF; exit}')
+if [ -n "$library" ] && [ -e /usr/include/libaio.h ]; then
+  mkdir -p "$out/libaio"
+  cp -L "$library" "$out/libaio/libaio.so.1"
+  cp /usr/include/libaio.h "$out/libaio/"
+else
+  echo "build.sh: no libaio here (apt-get install libaio-dev): the GPU tier will skip NVMe offload" >&2
+fi
+
 ls -l "$out"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}'
 du -cb "$out"/*.whl | awk 'END {printf "total: %.1f MiB in %s\n", $1 / 1048576, "'"$out"'"}'
