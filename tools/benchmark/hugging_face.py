@@ -190,6 +190,18 @@ def write_pretrained(size: str, folder: Path) -> None:
     config.save_pretrained(folder)
 
 
+def evict_from_page_cache(folder: Path) -> None:
+    """Drop the folder's files from the page cache, so that loading them reads the disk (as after a reboot, or from
+    a checkpoint written by another machine). Written back first: the kernel drops clean pages only."""
+    for file in sorted(folder.iterdir()):
+        descriptor = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark.hugging_face")
     parser.add_argument("--size", choices=sorted(SIZES), default="8b")
@@ -201,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--pretrained", help="a folder to load with from_pretrained (default: build from the config)")
+    parser.add_argument(
+        "--cold", action="store_true", help="drop --pretrained's files from the page cache first: a read from disk"
+    )
     parser.add_argument("--write-pretrained", help="write a folder of random weights of --size there, and stop")
     parser.add_argument("--out", default="hugging_face.jsonl")
     arguments = parser.parse_args(argv)
@@ -210,6 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {arguments.write_pretrained} in {time.perf_counter() - started:.1f} s")
         return
 
+    # Lightning starts the other local ranks by running this script again, with LOCAL_RANK set: only the first run
+    # evicts, before any rank reads.
+    if arguments.cold and arguments.pretrained and "LOCAL_RANK" not in os.environ:
+        evict_from_page_cache(Path(arguments.pretrained))
     memory = MachineMemory()
     memory.start()
     # What each backend's offload needs: DeepSpeed refuses torch's optimizers with an offload of its own.
@@ -252,7 +271,9 @@ def record(
     facts["git_commit"] = os.environ.get("BENCHMARK_COMMIT") or facts.get("git_commit")
     result = {
         "strategy": arguments.strategy, "size": arguments.size, "parameters": parameters, "devices": trainer.world_size,
-        "source": "from_pretrained" if arguments.pretrained else "from_config", "precision": arguments.precision,
+        "source": "from_pretrained" if arguments.pretrained else "from_config",
+        "page_cache": ("evicted" if arguments.cold else "as found") if arguments.pretrained else None,
+        "precision": arguments.precision,
         "tokens_per_step": tokens, "setup_seconds": round((timeline.first_step or 0) - timeline.fit_called, 1),
         "tokens_per_second": round(throughput) if throughput else None,
         "mfu": round(throughput * flops / trainer.world_size / peak, 4) if throughput and peak else None,
