@@ -46,6 +46,13 @@ def runs(tmp_path_factory, nvme):
             **{f"{name}-cpu_adam": {"strategy": name, **cpu_adam} for name in OFFLOAD_NAMES},
             **{f"{name}-cpu_adam-clip": {"strategy": name, **cpu_adam, "clip": 0.05} for name in OFFLOAD_NAMES},
             "nvme": {"options": {**NVME_OPTIONS, "nvme_path": str(nvme)}, **cpu_adam},
+            # DeepSpeed swaps partitions of 1 MiB or more (here in bf16): the first layer's weight (1,280,000
+            # elements, 640,000 on each process) is one, and it is larger than each buffer.
+            "nvme-small-buffers": {
+                "options": {**NVME_OPTIONS, "nvme_path": str(nvme), "params_buffer_size": 600_000},
+                "hidden": 80_000,
+                **cpu_adam,
+            },
         },
     )
 
@@ -122,3 +129,10 @@ def test_nvme_offload(runs, nvme):
     swap_folders = {folder.name for folder in (nvme / "zero_stage_3").iterdir()}
     assert "optimizer" in swap_folders and any(name.endswith("params") for name in swap_folders), swap_folders
     assert_weights_close(result["weights"], reference_weights(max_steps=3, optimizer="adam"), tolerance=1e-4)
+
+
+def test_a_parameter_larger_than_the_nvme_buffers_is_said_with_the_setting_that_fixes_it(runs):
+    error = runs["nvme-small-buffers"]["error"]
+    expected = "A parameter's partition of 640,000 elements does not fit DeepSpeed's NVMe parameter buffers of 600,000"
+    assert expected in error
+    assert "params_buffer_size=640000" in error

@@ -27,12 +27,14 @@ from lightning_strategies.conformance.launching import end_process_group
 
 
 class Regression(LightningModule):
-    def __init__(self, optimizer: str = "sgd", learning_rate: float = 0.05, scheduler: bool = False) -> None:
+    def __init__(
+        self, optimizer: str = "sgd", learning_rate: float = 0.05, scheduler: bool = False, hidden: int = 32
+    ) -> None:
         super().__init__()
         self.optimizer_name = optimizer
         self.learning_rate = learning_rate
         self.use_scheduler = scheduler
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 4))
         self.optimizer_steps = 0
         self.backward_calls = 0
         self.loaded_mp_world_size = None
@@ -114,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip", type=float, default=None)
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--scheduler", action="store_true")
+    parser.add_argument("--hidden", type=int, default=32, help="width of the hidden layer")
     parser.add_argument("--frozen", action="store_true", help="the first layer is frozen (a fine-tune of the rest)")
     parser.add_argument(
         "--tied-and-buffers", action="store_true", help="a batch norm (buffers) between two layers sharing one weight"
@@ -161,7 +164,7 @@ def train(arguments: argparse.Namespace) -> None:
         "environment_accelerator": os.environ.get("DS_ACCELERATOR"),
     }
     seed_everything(7, workers=True)
-    model = Regression(arguments.optimizer, scheduler=arguments.scheduler)
+    model = Regression(arguments.optimizer, scheduler=arguments.scheduler, hidden=arguments.hidden)
     model.net[0].requires_grad_(not arguments.frozen)
     if arguments.tied_and_buffers:
         first, second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)

@@ -14,7 +14,10 @@ with ``precision`` named ``precision_plugin``, as each entry point's ``DDPStrate
 from __future__ import annotations
 
 import logging
+import re
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -235,14 +238,15 @@ class DeepSpeedBody(LightningAttributesMixin):
     ) -> tuple[Any, Any, Any, Any]:
         """The training engine: engine, its optimizer, data loader (unused) and scheduler, as DeepSpeed returns."""
         deepspeed = import_deepspeed(self.root_device.type)
-        initialized = deepspeed.initialize(
-            config=self.config,
-            model=module,
-            model_parameters=[parameter for parameter in module.parameters() if parameter.requires_grad],
-            optimizer=optimizer,
-            lr_scheduler=lr_scheduler,
-            dist_init_required=False,
-        )
+        with explained_parameter_buffers():
+            initialized = deepspeed.initialize(
+                config=self.config,
+                model=module,
+                model_parameters=[parameter for parameter in module.parameters() if parameter.requires_grad],
+                optimizer=optimizer,
+                lr_scheduler=lr_scheduler,
+                dist_init_required=False,
+            )
         in_fp32 = self.parameters["offloaded_gradients_in_fp32"]
         placement = keep_gradients_with_their_optimizer(initialized[0].optimizer, self.root_device, in_fp32=in_fp32)
         if placement is None and in_fp32:
@@ -277,9 +281,10 @@ class DeepSpeedBody(LightningAttributesMixin):
             config.pop("zero_optimization", None)  # nothing to partition without an optimizer
         config["train_micro_batch_size_per_gpu"] = self.config.get("train_micro_batch_size_per_gpu", 1)
         config.update(extra)
-        engine, _, _, _ = deepspeed.initialize(
-            config=config, model=module, model_parameters=[], dist_init_required=False
-        )
+        with explained_parameter_buffers():
+            engine, _, _, _ = deepspeed.initialize(
+                config=config, model=module, model_parameters=[], dist_init_required=False
+            )
         return engine
 
     # -- model creation ----------------------------------------------------------------------
@@ -299,10 +304,15 @@ class DeepSpeedBody(LightningAttributesMixin):
             deepspeed = import_deepspeed(self.root_device.type)
             finish_partitioned_models(module, deepspeed, self.global_rank, self.root_device)
 
-    def _partitioned_init(self: _ParallelStrategy, config: dict[str, Any]) -> Any:
+    @contextmanager
+    def _partitioned_init(self: _ParallelStrategy, config: dict[str, Any]) -> Iterator[None]:
         """ZeRO-3's context in which parameters are created partitioned across the ranks."""
         deepspeed = import_deepspeed(self.root_device.type)
-        return deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=config)
+        with (
+            explained_parameter_buffers(),
+            deepspeed.zero.Init(remote_device=self.remote_device, config_dict_or_path=config),
+        ):
+            yield
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -331,3 +341,24 @@ def check_full_weights_path(path: str) -> None:
     """A local full-weights file is checked before loading, for an error that names the problem and the fix."""
     if _is_local_file_protocol(path):
         checkpoints.check_full_weights_file(Path(path))
+
+
+@contextmanager
+def explained_parameter_buffers() -> Iterator[None]:
+    """DeepSpeed swaps each parameter offloaded to NVMe through one pinned buffer and asserts that it fits, with a bare
+    ``AssertionError`` deep in model construction or engine set-up (a Llama-3 embedding of 262,668,288 elements met
+    the default buffer of 100,000,000). Said here with the parameter that sets it."""
+    try:
+        yield
+    except AssertionError as error:
+        found = re.fullmatch(r"More elements (\d+) than buffer size (\d+)", str(error))
+        if found is None:
+            raise
+        elements, size = (int(number) for number in found.groups())
+        raise ValueError(
+            f"A parameter's partition of {elements:,} elements does not fit DeepSpeed's NVMe parameter buffers of "
+            f"{size:,} elements: each process's share of an offloaded parameter passes whole through one of them "
+            "(one process holds the whole parameter). Make them at least as large: "
+            f"DeepSpeedStrategy(..., params_buffer_size={elements}) (offload_param.buffer_size in a config=). Each of "
+            "the params_buffer_count buffers is pinned host memory of that many elements."
+        ) from error
