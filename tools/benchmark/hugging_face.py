@@ -142,7 +142,12 @@ class MachineMemory(threading.Thread):
             time.sleep(0.2)
 
 
-def strategy_for(name: str) -> Any:
+def strategy_for(name: str, options: dict[str, Any]) -> Any:
+    if options:  # the name's own settings, some replaced: as registered in Lightning's registry
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        entry = StrategyRegistry[name]
+        return entry["strategy"](**{**entry["init_params"], **options})
     if name == "lightning:fsdp":
         from lightning.pytorch.strategies import FSDPStrategy
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -206,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark.hugging_face")
     parser.add_argument("--size", choices=sorted(SIZES), default="8b")
     parser.add_argument("--strategy", default="fsdp", help=f"a strategy name, or {' / '.join(BUILTINS)}")
+    parser.add_argument("--options", default="{}", help="JSON: the strategy's settings to replace, by name")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--accelerator", default="cuda")
     parser.add_argument("--precision", default="bf16-mixed")
@@ -239,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = "deepspeed_cpu_adam"
     module = Llama(arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps)
     trainer = Trainer(
-        strategy=strategy_for(arguments.strategy), accelerator=arguments.accelerator, devices=arguments.devices,
+        strategy=strategy_for(arguments.strategy, json.loads(arguments.options)), accelerator=arguments.accelerator,
+        devices=arguments.devices,
         precision=arguments.precision, max_steps=arguments.steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
     )  # fmt: skip
@@ -270,7 +277,8 @@ def record(
     # The commit given, where the checkout's own git metadata may be another's (a copy of a working tree).
     facts["git_commit"] = os.environ.get("BENCHMARK_COMMIT") or facts.get("git_commit")
     result = {
-        "strategy": arguments.strategy, "size": arguments.size, "parameters": parameters, "devices": trainer.world_size,
+        "strategy": arguments.strategy, "options": json.loads(arguments.options), "size": arguments.size,
+        "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",
         "page_cache": ("evicted" if arguments.cold else "as found") if arguments.pretrained else None,
         "precision": arguments.precision,
