@@ -91,6 +91,7 @@ def _convertible(path: Path, converter: str) -> contextlib.AbstractContextManage
         "`convert {path} full.ckpt`",
         lambda candidate: candidate == path,
         to_full_checkpoint=f"{__name__}:{converter}",
+        derived=("*-universal",),
     )
     return checkpoint_layouts_described(layout)
 
@@ -121,6 +122,13 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
             old_time = shard.stat().st_mtime_ns
             shard.write_bytes(b"another run's")
             os.utime(shard, ns=(old_time, old_time))
+        # What a strategy derives inside the folder from the saved files (DeepSpeed's universal form of tag
+        # "checkpoint", written on a resume elsewhere) leaves the one-file form current.
+        (folder / "checkpoint-universal").mkdir()
+        (folder / "checkpoint-universal" / "latest_universal").write_text("checkpoint_universal")
+        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
         # A conversion killed after writing the file but before recording its source: converted again.
         written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
         (folder / ONE_FILE_SOURCE).unlink()

@@ -186,7 +186,9 @@ def written_by_another_package(path: str | os.PathLike[str]) -> contextlib.Abstr
     root = Path(path)
     stand_in = CheckpointFormat(
         "another_package",
-        **ANOTHER_PACKAGE,
+        ANOTHER_PACKAGE["description"],
+        ANOTHER_PACKAGE["read_by"],
+        ANOTHER_PACKAGE["to_full_weights"],
         matches=lambda candidate: candidate == root or root in candidate.parents,
     )
     return checkpoint_layouts_described(stand_in)

@@ -11,6 +11,8 @@ from lightning_strategies.checkpoints import CheckpointFormat
 # it with the data-parallel rank (zero_pp_rank_0_mp_rank_00_model_states.pt).
 MODEL_STATES = "*mp_rank_00_model_states.pt"
 TAG_FILES = ("latest", "latest_universal")
+# The universal form of tag folder T that a resume on another number of processes writes beside it (universal.py).
+CONVERTED_SUFFIX = "-universal"
 
 
 def is_deepspeed_checkpoint(path: Path) -> bool:
@@ -38,4 +40,5 @@ DEEPSPEED = CheckpointFormat(
     convert_name="deepspeed",
     # A universal folder (ZeRO stage 1 and 2) from one file with torch Adam states: what maps exactly, or refused.
     from_full_checkpoint="lightning_strategies_deepspeed.from_full:from_full_checkpoint",
+    derived=(f"*{CONVERTED_SUFFIX}",),
 )

@@ -32,8 +32,8 @@ from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import files_fingerprint, read_record, staged_save
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
+from lightning_strategies_deepspeed.checkpoint_layout import CONVERTED_SUFFIX
 
-CONVERTED_SUFFIX = "-universal"
 SOURCE = "source.json"
 
 

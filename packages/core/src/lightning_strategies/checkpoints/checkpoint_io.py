@@ -133,7 +133,7 @@ def _one_file_on_rank_zero(
         return None, None, ""
     target = path / ONE_FILE_NAME
     try:  # every rank raises a failure here, rather than the others waiting for rank 0 forever
-        source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE))
+        source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, *found.derived))
         reused = target.is_file() and read_record(path / ONE_FILE_SOURCE) == source
         if not reused:
             module, _, function = found.to_full_checkpoint.partition(":")

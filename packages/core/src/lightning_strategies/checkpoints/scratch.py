@@ -7,6 +7,7 @@ is gone (killed mid-way, nothing removed it) instead of leaving it to fill the d
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -75,14 +76,18 @@ def _running(pid: int) -> bool:
 def files_fingerprint(folder: Path, leave_out: Collection[str] = ()) -> dict[str, list[int]]:
     """Size and modification time of every file below ``folder``, by path relative to it: what a conversion records
     of its source, so that a source saved again or copied over (even keeping older times, as sizes change) makes the
-    output stale. Top-level entries named in ``leave_out`` and this project's working folders are not part of it;
-    files that vanish while it looks (another process's staging) are not either."""
+    output stale. Top-level entries that ``leave_out``'s names or glob patterns match and this project's working
+    folders are not part of it; files that vanish while it looks (another process's staging) are not either."""
+
+    def kept(name: str) -> bool:
+        return not name.startswith(WORKING_PREFIX) and not any(fnmatch.fnmatchcase(name, left) for left in leave_out)
+
     found = {}
     for directory, folders, files in os.walk(folder):
         relative = Path(directory).relative_to(folder)
         if relative == Path("."):
-            folders[:] = [name for name in folders if name not in leave_out and not name.startswith(WORKING_PREFIX)]
-            files = [name for name in files if name not in leave_out and not name.startswith(WORKING_PREFIX)]
+            folders[:] = [name for name in folders if kept(name)]
+            files = [name for name in files if kept(name)]
         for name in files:
             try:
                 status = (Path(directory) / name).stat()
