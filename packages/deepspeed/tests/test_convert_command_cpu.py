@@ -44,10 +44,11 @@ def saved(folder):
     runs["zero-3-sub-groups"] = {**stage_3, "options": sub_groups, "save": folder / "z3.ckpt"}
     round_robin = {"config": {"zero_optimization": {"stage": 2, "round_robin_gradients": True}}}
     runs["round-robin"] = {**zero, "options": round_robin, "save": folder / "round-robin.ckpt"}
-    # A fine-tune: the first layer frozen, whole in rank 0's model states (stages 1 and 2) or partitioned (stage 3).
+    # A fine-tune: the first layer frozen, whole in rank 0's model states (stages 1 and 2) or partitioned (stage 3:
+    # 33 wide, so its bias's 33 elements split over the two processes with one of padding).
     stage_1 = {**zero, "strategy": "deepspeed_stage_1"}
     runs |= {f"frozen-{stage}": {**run, "frozen": True, "save": folder / f"frozen-{stage}.ckpt"}
-             for stage, run in ((1, stage_1), (2, zero), (3, stage_3))}  # fmt: skip
+             for stage, run in ((1, stage_1), (2, zero), (3, {**stage_3, "hidden": 33}))}  # fmt: skip
     runs |= {f"tied-{stage}": {**run, "tied_and_buffers": True, "save": folder / f"tied-{stage}.ckpt"}
              for stage, run in ((1, stage_1), (2, zero), (3, stage_3))}  # fmt: skip
     runs |= {f"first-half-{name}": {"strategy": name, **RUN, "save": folder / f"{name}.ckpt"} for name in SAVED_BY}
@@ -157,6 +158,7 @@ def test_frozen_parameters_are_in_the_full_file(folder, saved, tmp_path, stage):
     assert cli(["convert", str(folder / f"frozen-{stage}.ckpt"), str(tmp_path / "full.ckpt"), "--to", "full"]) == 0
     written = torch.load(tmp_path / "full.ckpt", weights_only=True)
     assert_weights_close(written["state_dict"], trained["weights"])  # the frozen layer's included
+    assert written["state_dict"]["net.0.bias"].shape == (33 if stage == 3 else 32,)  # stage 3: padding cut off
     assert list(written["optimizer_states"][0]["state"]) == ["net.2.weight", "net.2.bias"]  # states of the rest
 
 
