@@ -19,6 +19,8 @@ binaries=(
   typing-extensions==4.16.0
   # colossalai's optimizer package imports galore_torch, which imports bitsandbytes.
   galore-torch==1.0 bitsandbytes==0.50.2
+  # LightningCLI, for each package's CLI test (the image has PyYAML).
+  jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0
 )
 
 rm -f "$out"/*.whl  # one version of each: two versions of one package stop the whole install
