@@ -231,9 +231,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {arguments.write_pretrained} in {time.perf_counter() - started:.1f} s")
         return
 
+    options = json.loads(arguments.options)
+    if not isinstance(options, dict) or (options and arguments.strategy in BUILTINS):
+        parser.error("--options takes a JSON object of settings, for a strategy name of this project")
+    if arguments.cold and not arguments.pretrained:
+        parser.error("--cold drops the --pretrained folder from the page cache: give --pretrained too")
     # Lightning starts the other local ranks by running this script again, with LOCAL_RANK set: only the first run
-    # evicts, before any rank reads.
-    if arguments.cold and arguments.pretrained and "LOCAL_RANK" not in os.environ:
+    # evicts, before any rank reads. Under a launcher that sets LOCAL_RANK in every process (torchrun) none does,
+    # and the record says so.
+    arguments.evicted = arguments.cold and "LOCAL_RANK" not in os.environ
+    if arguments.evicted:
         evict_from_page_cache(Path(arguments.pretrained))
     memory = MachineMemory()
     memory.start()
@@ -245,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = "deepspeed_cpu_adam"
     module = Llama(arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps)
     trainer = Trainer(
-        strategy=strategy_for(arguments.strategy, json.loads(arguments.options)), accelerator=arguments.accelerator,
+        strategy=strategy_for(arguments.strategy, options), accelerator=arguments.accelerator,
         devices=arguments.devices,
         precision=arguments.precision, max_steps=arguments.steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
@@ -278,9 +285,10 @@ def record(
     facts["git_commit"] = os.environ.get("BENCHMARK_COMMIT") or facts.get("git_commit")
     result = {
         "strategy": arguments.strategy, "options": json.loads(arguments.options), "size": arguments.size,
+        "steps": arguments.steps,
         "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",
-        "page_cache": ("evicted" if arguments.cold else "as found") if arguments.pretrained else None,
+        "page_cache": ("evicted" if arguments.evicted else "as found") if arguments.pretrained else None,
         "precision": arguments.precision,
         "tokens_per_step": tokens, "setup_seconds": round((timeline.first_step or 0) - timeline.fit_called, 1),
         "tokens_per_second": round(throughput) if throughput else None,

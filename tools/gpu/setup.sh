@@ -66,10 +66,10 @@ if compgen -G "$repo/.kernels/kernels.tar.gz.part-*" >/dev/null && [ ! -e /tmp/c
   fi
 fi
 
-# libaio carried by build.sh, for DeepSpeed's async_io op (NVMe offload), where the image has none: gcc finds the
-# header and library through CPATH and LIBRARY_PATH (DeepSpeed's check compiles a call to it, its JIT build links
+# libaio carried by build.sh, for DeepSpeed's async_io op (NVMe offload), where the image lacks its header: gcc finds
+# the header and library through CPATH and LIBRARY_PATH (DeepSpeed's check compiles a call to it, its JIT build links
 # -laio), the loader through LD_LIBRARY_PATH.
-if [ -e "$repo/.whl/libaio/libaio.so.1" ] && ! ldconfig -p | grep -q 'libaio\.so\.1 '; then
+if [ -e "$repo/.whl/libaio/libaio.so.1" ] && [ ! -e /usr/include/libaio.h ]; then
   mkdir -p /tmp/libaio
   cp "$repo/.whl/libaio/libaio.so.1" "$repo/.whl/libaio/libaio.h" /tmp/libaio/
   ln -sf libaio.so.1 /tmp/libaio/libaio.so

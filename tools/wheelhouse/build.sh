@@ -44,13 +44,14 @@ python3 "$repo/tools/wheelhouse/slim_bitsandbytes.py" "$out"/bitsandbytes-*.whl
 # op against. This machine's runtime library and header travel beside the wheels; setup.sh puts them on the
 # compiler's and the loader's paths where the image has none. It depends on glibc alone.
 rm -rf "$out/libaio"
-library=$(ldconfig -p | awk '/libaio\.so\.1 .*x86-64/ {print $NF; exit}')
+# Ubuntu 24.04 names the library libaio.so.1t64; `|| true`: awk stops reading early, and pipefail would end the script.
+library=$( (ldconfig -p | awk '/libaio\.so\.1(t64)? .*x86-64/ {print $NF; exit}') || true)
 if [ -n "$library" ] && [ -e /usr/include/libaio.h ]; then
   mkdir -p "$out/libaio"
   cp -L "$library" "$out/libaio/libaio.so.1"
   cp /usr/include/libaio.h "$out/libaio/"
 else
-  echo "build.sh: no libaio here (apt-get install libaio-dev): the GPU tier will skip NVMe offload" >&2
+  echo "build.sh: no libaio here (apt-get install libaio-dev): NVMe offload will fail on a GPU image without it" >&2
 fi
 
 ls -l "$out"/*.whl | awk '{printf "%10d  %s\n", $5, $NF}'

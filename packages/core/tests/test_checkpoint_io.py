@@ -124,13 +124,13 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
             os.utime(shard, ns=(old_time, old_time))
         # What a strategy derives inside the folder from the saved files (DeepSpeed's universal form of tag
         # "checkpoint", written on a resume elsewhere) leaves the one-file form current.
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
         (folder / "checkpoint-universal").mkdir()
         (folder / "checkpoint-universal" / "latest_universal").write_text("checkpoint_universal")
-        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
         # A conversion killed after writing the file but before recording its source: converted again.
-        written = (folder / ONE_FILE_NAME).stat().st_mtime_ns
         (folder / ONE_FILE_SOURCE).unlink()
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns != written

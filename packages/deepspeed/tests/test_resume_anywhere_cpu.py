@@ -203,6 +203,6 @@ def test_the_universal_form_written_later_leaves_the_one_file_form_current(one_p
     shutil.move(universal, tmp_path / "universal")  # as saved: no universal form yet
     one_file = Path(one_file_for(copy, _OneProcess()))
     written = one_file.stat().st_mtime_ns
-    shutil.copytree(tmp_path / "universal", universal)  # now written, with new times
+    shutil.copytree(tmp_path / "universal", universal)  # now written
     assert one_file_for(copy, _OneProcess()) == str(one_file)
     assert one_file.stat().st_mtime_ns == written

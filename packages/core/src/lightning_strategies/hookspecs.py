@@ -69,8 +69,9 @@ def checkpoint_formats() -> list[CheckpointFormat]:  # type: ignore[empty-body]
     plugin's). ``to_full_weights`` may name ``{path}``. Called only when a checkpoint is identified; import
     ``lightning_strategies.checkpoints`` inside the hook, since it imports torch. ``lightning-strategies convert``
     reads and writes a layout only through its format's ``read_weights``, ``to_full_checkpoint`` and
-    ``from_full_checkpoint`` (``--to`` takes its ``convert_name``). ``derived`` holds glob patterns of what a
-    strategy writes inside such a folder from the saved files, which leaves the folder's one-file form current.
+    ``from_full_checkpoint`` (``--to`` takes its ``convert_name``). ``derived`` holds glob patterns of the top-level
+    entries a strategy writes inside such a folder from the saved files, which leave the folder's one-file form
+    current.
     """
 
 

@@ -345,9 +345,10 @@ def check_full_weights_path(path: str) -> None:
 
 @contextmanager
 def explained_parameter_buffers() -> Iterator[None]:
-    """DeepSpeed swaps each parameter offloaded to NVMe through one pinned buffer and asserts that it fits, with a bare
-    ``AssertionError`` deep in model construction or engine set-up (a Llama-3 embedding of 262,668,288 elements met
-    the default buffer of 100,000,000). Said here with the parameter that sets it."""
+    """DeepSpeed swaps each process's partition of a parameter offloaded to NVMe through one pinned buffer and asserts
+    that it fits, with a bare ``AssertionError`` deep in model construction or engine set-up (on one process, a Llama-3
+    1B embedding of 262,668,288 elements met the default buffer of 100,000,000). Said here with the parameter that
+    sets it."""
     try:
         yield
     except AssertionError as error:
@@ -357,8 +358,8 @@ def explained_parameter_buffers() -> Iterator[None]:
         elements, size = (int(number) for number in found.groups())
         raise ValueError(
             f"A parameter's partition of {elements:,} elements does not fit DeepSpeed's NVMe parameter buffers of "
-            f"{size:,} elements: each process's share of an offloaded parameter passes whole through one of them "
-            "(one process holds the whole parameter). Make them at least as large: "
+            f"{size:,} elements: each process's share of an offloaded parameter (all of it, on one process) passes "
+            "whole through one of them. Make them at least as large: "
             f"DeepSpeedStrategy(..., params_buffer_size={elements}) (offload_param.buffer_size in a config=). Each of "
             "the params_buffer_count buffers is pinned host memory of that many elements."
         ) from error

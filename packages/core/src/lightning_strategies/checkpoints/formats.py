@@ -55,9 +55,9 @@ class CheckpointFormat:
     # everything it holds (the ``convert`` command's way into this layout from any other). Empty where the package
     # cannot write its layout from one file without dropping part of it.
     from_full_checkpoint: str = field(compare=False, default="")
-    # Glob patterns of the entries a strategy writes inside a checkpoint folder of this layout from what was saved
-    # (DeepSpeed's universal form, "*-universal"): not part of the save, so writing them leaves the folder's one-file
-    # form (``checkpoint_io.one_file_for``) current.
+    # Glob patterns (fnmatchcase) of the top-level entries a strategy writes inside a checkpoint folder of this layout
+    # from what was saved (DeepSpeed's universal form, "*-universal"): not part of the save, so writing them leaves the
+    # folder's one-file form (``checkpoint_io.one_file_for``) current.
     derived: tuple[str, ...] = field(compare=False, default=())
 
 
