@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.benchmark.hugging_face")
     parser.add_argument("--size", choices=sorted(SIZES), default="8b")
     parser.add_argument("--strategy", default="fsdp", help=f"a strategy name, or {' / '.join(BUILTINS)}")
-    parser.add_argument("--options", default="{}", help="JSON: the strategy's settings to replace, by name")
+    parser.add_argument(
+        "--options", type=json.loads, default="{}", help="JSON: the strategy's settings to replace, by name"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--accelerator", default="cuda")
     parser.add_argument("--precision", default="bf16-mixed")
@@ -231,8 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {arguments.write_pretrained} in {time.perf_counter() - started:.1f} s")
         return
 
-    options = json.loads(arguments.options)
-    if not isinstance(options, dict) or (options and arguments.strategy in BUILTINS):
+    if not isinstance(arguments.options, dict) or (arguments.options and arguments.strategy in BUILTINS):
         parser.error("--options takes a JSON object of settings, for a strategy name of this project")
     if arguments.cold and not arguments.pretrained:
         parser.error("--cold drops the --pretrained folder from the page cache: give --pretrained too")
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = "deepspeed_cpu_adam"
     module = Llama(arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps)
     trainer = Trainer(
-        strategy=strategy_for(arguments.strategy, options), accelerator=arguments.accelerator,
+        strategy=strategy_for(arguments.strategy, arguments.options), accelerator=arguments.accelerator,
         devices=arguments.devices,
         precision=arguments.precision, max_steps=arguments.steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
@@ -284,7 +285,7 @@ def record(
     # The commit given, where the checkout's own git metadata may be another's (a copy of a working tree).
     facts["git_commit"] = os.environ.get("BENCHMARK_COMMIT") or facts.get("git_commit")
     result = {
-        "strategy": arguments.strategy, "options": json.loads(arguments.options), "size": arguments.size,
+        "strategy": arguments.strategy, "options": arguments.options, "size": arguments.size,
         "steps": arguments.steps,
         "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",

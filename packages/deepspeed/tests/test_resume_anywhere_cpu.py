@@ -184,13 +184,6 @@ def test_universal_loading_is_set_for_that_load_alone(tmp_path):
     assert seen == [True] and engine._config.load_universal_checkpoint is False
 
 
-class _OneProcess:  # what core's one_file_for asks of a strategy
-    is_global_zero = True
-
-    def broadcast(self, obj):
-        return obj
-
-
 def test_the_universal_form_written_later_leaves_the_one_file_form_current(one_process, folder, tmp_path):
     """ddp resumes a ZeRO folder through its one-file form; a resume on another number of processes then writes the
     universal form into the same folder, which is derived from the save and does not make the one file stale."""
@@ -201,8 +194,9 @@ def test_the_universal_form_written_later_leaves_the_one_file_form_current(one_p
     shutil.copytree(folder / "deepspeed_stage_2.ckpt", copy)
     universal = converted_path(locate(copy))
     shutil.move(universal, tmp_path / "universal")  # as saved: no universal form yet
-    one_file = Path(one_file_for(copy, _OneProcess()))
+    one_process_strategy = SimpleNamespace(is_global_zero=True, broadcast=lambda obj: obj)  # what one_file_for asks
+    one_file = Path(one_file_for(copy, one_process_strategy))
     written = one_file.stat().st_mtime_ns
     shutil.copytree(tmp_path / "universal", universal)  # now written
-    assert one_file_for(copy, _OneProcess()) == str(one_file)
+    assert one_file_for(copy, one_process_strategy) == str(one_file)
     assert one_file.stat().st_mtime_ns == written
