@@ -54,6 +54,8 @@ def test_every_zero_and_offload_parameter_is_written():
     )  # fmt: skip
     zero = config["zero_optimization"]
     assert zero["stage"] == 3 and zero["sub_group_size"] == 1000 and zero["reduce_bucket_size"] == 99
+    # Parameters kept for reuse each hold an NVMe swap buffer; DeepSpeed's default keeps more than there are.
+    assert zero["stage3_max_reuse_distance"] == 0
     assert zero["contiguous_gradients"] is False and zero["overlap_comm"] is False
     assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": "/fast", "buffer_count": 5, "pin_memory": True}
     assert zero["offload_param"] == {

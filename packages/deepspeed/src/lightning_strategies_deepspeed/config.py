@@ -235,6 +235,12 @@ def build_config(parameters: Mapping[str, Any]) -> dict[str, Any]:
                 "max_in_cpu": parameters["max_in_cpu"],
                 "pin_memory": parameters["pin_memory"],
             }
+            if parameters["offload_params_device"] == "nvme":
+                # Each gathered parameter holds one of the buffer_count swap buffers until it is released, and
+                # DeepSpeed keeps any parameter used again within stage3_max_reuse_distance elements (1e9 by
+                # default: every parameter of a 1B model at the turn from forward to backward), which runs out
+                # of buffers ("Not enough buffers 0 for swapping 1"). Releasing each after use cannot.
+                zero["stage3_max_reuse_distance"] = 0
         config["zero_optimization"] = zero
         config["zero_allow_untested_optimizer"] = parameters["zero_allow_untested_optimizer"]
     batch_size = parameters["logging_batch_size_per_gpu"]
