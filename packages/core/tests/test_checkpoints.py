@@ -245,6 +245,23 @@ def test_the_legacy_torch_save_format_is_read(tmp_path: Path) -> None:
     assert load_file(path, weights_only=True, mmap=True) == {"step": 3}
 
 
+def test_param_groups_of_another_adam_take_the_saved_values_of_the_keys_this_one_has():
+    from lightning_strategies.checkpoints import adopted_param_groups
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    groups = torch.optim.Adam([weight], lr=0.5).param_groups
+    # HybridAdam's group, as ColossalAI saves it: bias_correction is its own, and it has no foreach or fused.
+    saved = [
+        {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.0, "bias_correction": True, "params": ["w"]}
+    ]
+    (adopted,) = adopted_param_groups(saved, groups)
+    assert adopted["params"] == ["w"] and "bias_correction" not in adopted
+    assert (adopted["lr"], adopted["betas"], adopted["eps"]) == (0.01, (0.8, 0.9), 1e-6)
+    assert adopted["foreach"] is groups[0]["foreach"] and adopted["fused"] is groups[0]["fused"]
+    with pytest.raises(CheckpointError, match=r"2 param group\(s\) and this run's 1: configure_optimizers"):
+        adopted_param_groups(saved * 2, groups)
+
+
 def test_optimizer_states_keyed_by_name_from_positions():
     from lightning_strategies.checkpoints import keyed_by_name
 

@@ -364,7 +364,8 @@ def _add_convert_parser(commands: argparse._SubParsersAction) -> None:
         "--drop-optimizer-states",
         action="store_true",
         help="agree to a result without the optimizer states, where the source's layout cannot be read with them "
-        "(DeepSpeed's ZeRO folders, ColossalAI's shards); with --to full from a full file, a copy without them",
+        "(a ZeRO folder of an optimizer without Adam's moments, which DeepSpeed's universal layout cannot carry); "
+        "with --to full from a full file, a copy without them",
     )
     converting.add_argument(
         "--weights-only",

@@ -40,6 +40,7 @@ from typing_extensions import override
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import (
+    adopted_param_groups,
     keyed_by_name,
     load_file,
     reads_torch_save_files,
@@ -305,6 +306,8 @@ def reshard(model: nn.Module) -> None:
 
 def load_full_optimizer_state(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
     state = name_keyed_optimizer_state(with_state_entry(state), model, optimizer)
+    # Another Adam-family optimizer's groups (ColossalAI's HybridAdam) hold keys torch's loader refuses.
+    state = {**state, "param_groups": adopted_param_groups(state.get("param_groups") or [], optimizer.param_groups)}
     # torch distributes a full optimizer state onto the shards on the device of the optimizer's own tensor
     # states. An optimizer that keeps none (plain SGD) gives it no device ("Expected device to be set"), and
     # has nothing to distribute either: its hyperparameters load as they are.

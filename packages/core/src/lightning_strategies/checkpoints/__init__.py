@@ -5,7 +5,8 @@
 - ``formats``: what a checkpoint on disk is (``identify``, asking each package's ``checkpoint_formats`` hook),
   and the error for another strategy's.
 - ``checkpoint_io``: the same for checkpoints written through Lightning's CheckpointIO plugins.
-- ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position.
+- ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position, and param
+  groups of one Adam-family optimizer for another.
 - ``scratch``: conversions' scratch folders (those of killed conversions removed) and the fingerprint of a source.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
@@ -28,7 +29,7 @@ from lightning_strategies.checkpoints.formats import (
     identify,
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
-from lightning_strategies.checkpoints.optimizer_keys import keyed_by_name
+from lightning_strategies.checkpoints.optimizer_keys import adopted_param_groups, keyed_by_name
 from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record, scratch_folder
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
@@ -45,6 +46,7 @@ __all__ = [
     "FILE",
     "STAGING_FOLDER",
     "CheckpointFormat",
+    "adopted_param_groups",
     "check_checkpoint_file",
     "check_file",
     "check_trainer_checkpoint",

@@ -6,12 +6,19 @@ records both the model's ``state_dict`` names and the optimizer's positions, but
 except where every ``state_dict`` entry is a parameter the optimizer trains: torch then numbers the parameters in
 the order the module lists them, which is the ``state_dict``'s. Converters into a name-keyed layout use this, and
 refuse (or keep the positions) where it does not hold.
+
+Param groups differ between the Adam-family optimizers that resume one another's states (HybridAdam, which
+ColossalAI requires, has ``bias_correction``; torch's Adam has ``foreach``, ``fused``, ...), and torch's loaders
+refuse a key they do not have: ``adopted_param_groups`` takes the saved values of the keys the resuming optimizer
+has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from lightning_strategies.errors import CheckpointError
 
 
 def keyed_by_name(optimizer_state: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any] | None:
@@ -31,3 +38,22 @@ def keyed_by_name(optimizer_state: Mapping[str, Any], names: Sequence[str]) -> d
         "state": {names[key]: value for key, value in state.items()},
         "param_groups": [{**group, "params": [names[key] for key in group.get("params", [])]} for group in groups],
     }
+
+
+def adopted_param_groups(saved_groups: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """``saved_groups`` for an optimizer whose own param groups are ``groups``: each with the saved ``params`` and
+    the saved values of the hyperparameters the optimizer has, its own values for those it has and the saved run's
+    optimizer had not."""
+    if len(saved_groups) != len(groups):
+        raise CheckpointError(
+            f"The checkpoint's optimizer has {len(saved_groups)} param group(s) and this run's {len(groups)}: "
+            "configure_optimizers must build the param groups the saved run had."
+        )
+    return [
+        {
+            **{key: value for key, value in group.items() if key != "params"},
+            **{key: value for key, value in saved.items() if key in group and key != "params"},
+            "params": list(saved.get("params", [])),
+        }
+        for saved, group in zip(saved_groups, groups, strict=True)
+    ]
