@@ -31,8 +31,8 @@ if [ ${#packages[@]} -eq 0 ]; then
   packages=(
     "fsdp:hugging" "fsdp:not hugging"
     "deepspeed:hugging" "deepspeed:not hugging"
-    "colossalai-gemini:hugging" "colossalai-gemini:several or multinode or checkpoint"
-    "colossalai-gemini:not (hugging or several or multinode or checkpoint)"
+    "colossalai-gemini:hugging" "colossalai-gemini:several or multinode or checkpoint or cross_strategy"
+    "colossalai-gemini:not (hugging or several or multinode or checkpoint or cross_strategy)"
   )
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/summary.txt"

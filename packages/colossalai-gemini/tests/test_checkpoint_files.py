@@ -207,6 +207,7 @@ def sharded_folder(tmp_path, lightning_checkpoint) -> Path:
     writer = GeneralCheckpointIO()
     writer.save_model(model, str(folder / "model"), shard=True)
     writer.save_optimizer(optimizer, str(folder / "optimizer"), shard=True)
+    torch.save(optimizer.state_dict(), tmp_path / "adam.pt")  # beside the folder: what its shards hold, by position
     checkpoint = dict(
         lightning_checkpoint, colossalai_loss_scaler={"scale": 1024.0, "growth_step": 3, "hysteresis_step": 2}
     )

@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import CheckpointFormat
 from lightning_strategies_colossalai.sharded_checkpoint import META_FILE, MODEL_FOLDER
 
@@ -21,9 +20,10 @@ COLOSSALAI = CheckpointFormat(
     "colossalai",
     "a ColossalAI sharded checkpoint folder (meta.pt beside a model/ folder)",
     'the colossalai strategies (strategy="colossalai", from lightning-strategies-colossalai-gemini)',
-    "load it with a colossalai strategy and save it again with state_dict_type='full': one file of full weights",
+    "`lightning-strategies convert {path} full.ckpt --to full` writes one file of its weights and optimizer states",
     is_colossalai_checkpoint,
     read_weights="lightning_strategies_colossalai.sharded_checkpoint:read_weights",
+    to_full_checkpoint="lightning_strategies_colossalai.sharded_checkpoint:to_full_checkpoint",
     convert_name="colossalai",
     from_full_checkpoint="lightning_strategies_colossalai.checkpoint_layout:from_full_checkpoint",
 )
@@ -33,24 +33,12 @@ def from_full_checkpoint(
     source: str | os.PathLike[str], destination: str | os.PathLike[str], weights_only: Any
 ) -> Path:
     """The ``from_full_checkpoint`` of the ColossalAI format: the file itself, copied once checked whole. The
-    colossalai strategies load one full checkpoint file as it is (what they write with state_dict_type="full"), so that
-    is the form of any other layout for them.
-
-    Refused where the file's optimizer states are keyed by name (FSDP2's, and its converter's): ColossalAI's
-    optimizers look their states up by parameter position, as they and torch save them, and would find none.
+    colossalai strategies load one full checkpoint file as it is (what they write with state_dict_type="full"), with
+    optimizer states keyed by position or by parameter name, so that is the form of any other layout for them.
     """
-    from lightning_strategies.checkpoints import load_file, staged_save
+    from lightning_strategies.checkpoints import check_file, staged_save
 
-    checkpoint = load_file(source, weights_only, map_location="cpu", mmap=True)
-    for optimizer in checkpoint.get("optimizer_states") or []:
-        named = [key for key in (optimizer.get("state") or {}) if isinstance(key, str)]
-        if named:
-            raise CheckpointError(
-                f"{source} holds optimizer states keyed by name ({', '.join(named[:3])}, ...), as FSDP2 and its "
-                "converter write them; ColossalAI's optimizers look states up by parameter position and would restore "
-                "none. Add --drop-optimizer-states for the weights and Lightning's state alone (the optimizer starts "
-                "afresh), or resume it under the strategy that saved it."
-            )
+    check_file(Path(source))  # weights_only is the reader's: the file is copied as it is, and loaded on resume
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with staged_save(destination) as staged:

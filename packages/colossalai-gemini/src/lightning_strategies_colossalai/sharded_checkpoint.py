@@ -22,7 +22,9 @@ from lightning_strategies.checkpoints import (
     foreign_checkpoint_error,
     identify,
     is_local,
+    keyed_by_name,
     load_file,
+    staged_save,
 )
 from lightning_strategies_colossalai.checkpoint_state import fp32_chunk_transfers
 
@@ -127,15 +129,52 @@ def read_weights(path: str | os.PathLike[str], weights_only: bool | None = None)
     folder = Path(path)
     check_sharded_folder(folder, with_optimizer=False)
     meta = read_sharded_meta(folder, weights_only)
-    index = json.loads(next((folder / MODEL_FOLDER).glob("*.index.json")).read_text())
-    state_dict: dict[str, Any] = {}
-    for name in sorted(set(index["weight_map"].values())):
-        state_dict.update(load_file(folder / MODEL_FOLDER / name, weights_only=weights_only, map_location="cpu"))
     # The result holds the weights itself: without the marker, a strategy loading it as one file would skip them as
     # loaded from shards, and the optimizer placeholders stand for shards it does not carry.
     meta.pop(SHARDED_MARKER, None)
     meta.pop("optimizer_states", None)
-    return {**meta, "state_dict": state_dict}
+    return {**meta, "state_dict": _read_shards(folder / MODEL_FOLDER, weights_only)}
+
+
+def to_full_checkpoint(
+    path: str | os.PathLike[str], destination: str | os.PathLike[str], weights_only: bool | None = None
+) -> Path:
+    """The ``to_full_checkpoint`` of the ColossalAI format: one Lightning checkpoint file at ``destination`` with the
+    whole weights, the optimizer states (by parameter name where every weight is a trained parameter, as the other
+    strategies key them; else by position, as ColossalAI and torch save them), schedulers and loop state."""
+    folder = Path(path)
+    meta = read_sharded_meta(folder, weights_only)
+    with_optimizer = "optimizer_states" in meta
+    check_sharded_folder(folder, with_optimizer)
+    checkpoint = read_weights(folder, weights_only)
+    if with_optimizer:
+        # One optimizer: the colossalai strategies refuse more (refusals.check_optimizers).
+        optimizer = _read_optimizer(folder / OPTIMIZER_FOLDER, weights_only)
+        checkpoint["optimizer_states"] = [keyed_by_name(optimizer, list(checkpoint["state_dict"])) or optimizer]
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    with staged_save(destination) as staged:
+        torch.save(checkpoint, staged)
+    return destination
+
+
+def _read_shards(folder: Path, weights_only: bool | None) -> dict[Any, Any]:
+    """The entries of the shard files ``folder``'s index names, in the index's order (the model's, as written)."""
+    index = json.loads(next(folder.glob("*.index.json")).read_text())
+    entries: dict[Any, Any] = {}
+    for name in dict.fromkeys(index["weight_map"].values()):
+        entries.update(load_file(folder / name, weights_only=weights_only, map_location="cpu"))
+    order = {str(key): position for position, key in enumerate(index["weight_map"])}
+    return dict(sorted(entries.items(), key=lambda item: order.get(str(item[0]), len(order))))
+
+
+def _read_optimizer(folder: Path, weights_only: bool | None) -> dict[str, Any]:
+    """The optimizer state of the ``optimizer/`` shards in torch's ``Optimizer.state_dict()`` layout: the states by
+    position (the shards' keys) and the param groups (their own file, named in the index)."""
+    index = json.loads(next(folder.glob("*.index.json")).read_text())
+    groups = load_file(folder / index["metadata"]["param_groups"], weights_only=weights_only, map_location="cpu")
+    state = {int(key): value for key, value in _read_shards(folder, weights_only).items()}
+    return {"state": state, "param_groups": groups}
 
 
 def is_sharded_folder(path: Path) -> bool:

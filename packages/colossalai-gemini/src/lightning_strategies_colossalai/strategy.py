@@ -27,6 +27,7 @@ from lightning_strategies.checkpoints import (
     check_checkpoint_file,
     check_trainer_checkpoint,
     is_local,
+    one_file_for,
     recover_before_load,
     remove_checkpoint_path,
     staged_save,
@@ -39,7 +40,9 @@ from lightning_strategies.ranks import ReportFailuresMixin, watch_ranks
 from lightning_strategies_colossalai import checkpoint_state, gemini_setup, lazy_init, refusals, statistics
 from lightning_strategies_colossalai import sharded_checkpoint as sharded
 from lightning_strategies_colossalai.backend import load_colossalai, undo_import_changes
+from lightning_strategies_colossalai.checkpoint_layout import COLOSSALAI
 from lightning_strategies_colossalai.kernels import announce_kernel_build
+from lightning_strategies_colossalai.optimizer_positions import for_gemini
 from lightning_strategies_colossalai.options import MEBI, GeminiSettings, Placement, StateDictType
 from lightning_strategies_colossalai.precision import GeminiPrecision
 
@@ -334,8 +337,12 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Load a full checkpoint file or a sharded folder, after checking it is whole and is ColossalAI's."""
+        """Load a full checkpoint file, a sharded folder, or another strategy's folder in its one-file form, after
+        checking it is whole."""
         recover_before_load(checkpoint_path, self.is_global_zero, self.barrier)
+        # Another strategy's folder that its package writes as one file without losing anything (DCP, ZeRO) is
+        # read in that form, converted once by rank 0 and kept inside it.
+        checkpoint_path = one_file_for(checkpoint_path, self, weights_only, native=(COLOSSALAI.key,))
         if not (is_local(checkpoint_path) and Path(checkpoint_path).is_dir()):
             check_checkpoint_file(checkpoint_path, self.checkpoint_io, "ColossalAIStrategy")
             checkpoint = super().load_checkpoint(checkpoint_path, **weights_only_keyword(weights_only))
@@ -369,8 +376,10 @@ class ColossalAIStrategy(OwnPrecisionMixin, ReportFailuresMixin, DDPStrategy):
                 self.gemini_optimizer, checkpoint.get(checkpoint_state.LOSS_SCALER_KEY)
             )
         if not checkpoint.get(sharded.SHARDED_MARKER):  # else loaded from the shard files in load_checkpoint
+            assert self.lightning_module is not None  # restoring a fit: set up
             for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
-                getattr(optimizer, "_optimizer", optimizer).load_state_dict(state)
+                gemini_optimizer = getattr(optimizer, "_optimizer", optimizer)
+                gemini_optimizer.load_state_dict(for_gemini(state, gemini_optimizer, self.lightning_module))
         if self.optimizers:
             checkpoint_state.replay_cpu_adam_kernel(self.gemini_optimizer.optim)
 

@@ -72,6 +72,8 @@ class TinyGPT(L.LightningModule):
 
         if self.optimizer_name == "adamw":
             return torch.optim.AdamW(self.parameters(), lr=self.lr)
+        if self.optimizer_name == "adam":  # HybridAdam's own update (it has no weight decay by default)
+            return torch.optim.Adam(self.parameters(), lr=self.lr)
         optimizer_class = CPUAdam if self.optimizer_name == "cpu" else HybridAdam
         return optimizer_class(self.parameters(), lr=self.lr)
 
