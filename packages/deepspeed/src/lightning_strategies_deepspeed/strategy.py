@@ -28,13 +28,13 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 from typing_extensions import override
 
 from lightning_strategies import CheckpointError, MissingBackendError, constructor_for
-from lightning_strategies.checkpoints import remove
+from lightning_strategies.checkpoints import one_file_for, remove
 from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_deepspeed import checkpoint as checkpoints
+from lightning_strategies_deepspeed import compatibility, foreign, universal
 from lightning_strategies_deepspeed import config as settings
-from lightning_strategies_deepspeed import universal
 from lightning_strategies_deepspeed.backend import import_deepspeed
 from lightning_strategies_deepspeed.body import DeepSpeedBody, check_full_weights_path
 from lightning_strategies_deepspeed.precision import DeepSpeedPrecision
@@ -284,6 +284,8 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         checkpoint_path = self._recover_checkpoint(checkpoint_path)
         if self.load_full_weights:
             return self._load_full_weights_file(checkpoint_path, weights_only)
+        if self.lightning_module is not None and foreign.is_foreign(checkpoint_path):
+            return self._load_foreign(checkpoint_path, weights_only)
         location, layout = checkpoints.inspect(checkpoint_path, weights_only)
         assert self.lightning_module is not None and self.model is not None
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
@@ -295,15 +297,39 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             return checkpoints.convert_zero_checkpoint(location.tag_folder, weights_only=weights_only)
         restores_optimizer = fitting and self.model.optimizer is not None
         location, layout = universal.resume_anywhere(self, location, layout, restores_optimizer, weights_only)
+        return self._load_into_engine(location, layout, restores_optimizer, weights_only)
+
+    def _load_into_engine(
+        self,
+        location: checkpoints.CheckpointLocation,
+        layout: compatibility.SavedLayout,
+        load_optimizer_states: bool,
+        weights_only: bool | None,
+    ) -> dict[str, Any]:
+        assert self.lightning_module is not None and self.model is not None
         return checkpoints.load_into_engine(
             self.model,
             location,
             layout,
             self.world_size,
-            load_optimizer_states=restores_optimizer,
+            load_optimizer_states=load_optimizer_states,
             weights_only=weights_only,
             strict=self.lightning_module.strict_loading,
         )
+
+    def _load_foreign(self, path: Any, weights_only: bool | None) -> dict[str, Any]:
+        """Another strategy's checkpoint, in its one-file form (``foreign``): its weights and optimizer states when
+        fitting with an optimizer, through DeepSpeed's universal layout; else its weights alone."""
+        full = one_file_for(path, self, weights_only)
+        assert self.lightning_module is not None and self.model is not None
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        if not (fitting and self.model.optimizer is not None and foreign.holds_optimizer_states(full, weights_only)):
+            # Lightning refuses a fit from weights alone itself ("contains only the model"), as under ddp.
+            self._full_weights_pending = True
+            return self._load_full_weights_file(full, weights_only)
+        with foreign.universal_form(self, path, full, weights_only) as target:
+            location, layout = checkpoints.inspect(target, weights_only)
+            return self._load_into_engine(location, layout, True, weights_only)
 
     def _load_full_weights_file(self, path: str, weights_only: bool | None) -> dict[str, Any]:
         check_full_weights_path(path)

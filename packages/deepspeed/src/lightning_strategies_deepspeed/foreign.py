@@ -1,0 +1,84 @@
+"""Another strategy's checkpoint under the deepspeed strategies, by ``ckpt_path`` alone (issue 29, item 2).
+
+What the deepspeed strategies take: one full Lightning checkpoint file (``ddp``'s, and FSDP2's and ColossalAI's with
+``state_dict_type="full"``), or a folder that its package writes as one such file without losing anything (FSDP2's
+DCP folders, ColossalAI's sharded folders), read in that one-file form: converted once by global rank 0 and kept
+inside the folder (core's ``one_file_for``).
+
+- Fitting with an optimizer: global rank 0 writes the file in DeepSpeed's universal layout (``from_full``: each
+  parameter's fp32 value and Adam moments by name) into a scratch folder beside the checkpoint, every rank loads it
+  with DeepSpeed's universal loader on its own partitions, and rank 0 removes it once all have. It is written again
+  on every such resume (about the fp32 weights and two moments of disk, for as long as the load takes); convert once
+  by hand (``lightning-strategies convert CKPT OUT --to deepspeed``) to keep it.
+- Otherwise (validate, test, predict; a fit without an optimizer): its weights load as with
+  ``load_full_weights=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import FILE, identify, is_local, load_file, scratch_folder
+from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
+from lightning_strategies_deepspeed.from_full import from_full_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def is_foreign(path: Any) -> bool:
+    """A checkpoint of another strategy that the deepspeed strategies read in its one-file form."""
+    if not is_local(path):
+        return False
+    found = identify(path)
+    return found is not None and found != DEEPSPEED and (found == FILE or bool(found.to_full_checkpoint))
+
+
+def holds_optimizer_states(path: str | Path, weights_only: bool | None) -> bool:
+    # Mapped, not read: only the pickled structure is looked at.
+    checkpoint = load_file(path, weights_only, map_location="cpu", mmap=True)
+    return isinstance(checkpoint, dict) and bool(checkpoint.get("optimizer_states"))
+
+
+@contextmanager
+def universal_form(strategy: Any, checkpoint: Any, full: str | Path, weights_only: bool | None) -> Iterator[Path]:
+    """The universal form of the full checkpoint file ``full`` (``checkpoint`` itself, or its one-file form inside
+    it), written by global rank 0 beside ``checkpoint`` for the block, in which every rank loads it. Called on every
+    rank together."""
+    full = Path(full)
+    answer: tuple[str | None, str | None] = (None, None)
+    with ExitStack() as stack:
+        if strategy.is_global_zero:
+            try:  # every rank raises a failure here, rather than the others waiting for rank 0 forever
+                target = stack.enter_context(scratch_folder(Path(checkpoint).parent)) / "universal"
+                from_full_checkpoint(full, target, weights_only)
+                answer = (str(target), None)
+            except CheckpointError as error:
+                answer = (None, str(error))
+            except Exception as error:
+                answer = (
+                    None,
+                    f"{full} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written beside "
+                    f"it first, and that failed: {type(error).__name__}: {error} Convert it where it can be written "
+                    f"(`lightning-strategies convert {full} OUT --to deepspeed`) and resume from OUT.",
+                )
+        target, failure = strategy.broadcast(answer)
+        if failure is not None:
+            raise CheckpointError(failure)
+        if not Path(target).joinpath("latest_universal").is_file():
+            raise CheckpointError(
+                f"Rank 0 wrote the universal form of {full} at {target}, but this process does not see it there: "
+                f"every node must see the checkpoint on one shared file system. Convert it where each node sees it "
+                f"(`lightning-strategies convert {full} OUT --to deepspeed`) and resume from OUT."
+            )
+        if strategy.is_global_zero:
+            log.info(
+                f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
+                f"{target} and removed after (weights, Adam moments and steps, schedulers and loop state carried)."
+            )
+        yield Path(target)
+        strategy.barrier()  # every rank has read it before rank 0 removes it
