@@ -250,7 +250,7 @@ def test_param_groups_of_another_adam_take_the_saved_values_of_the_keys_this_one
 
     weight = torch.nn.Parameter(torch.ones(2))
     groups = torch.optim.Adam([weight], lr=0.5).param_groups
-    # HybridAdam's group, as ColossalAI saves it: bias_correction is its own, and it has no foreach or fused.
+    # A HybridAdam group: bias_correction is its own; foreach and fused torch's (ColossalAI's saved groups add them).
     saved = [
         {"lr": 0.01, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.0, "bias_correction": True, "params": ["w"]}
     ]
@@ -260,6 +260,30 @@ def test_param_groups_of_another_adam_take_the_saved_values_of_the_keys_this_one
     assert adopted["foreach"] is groups[0]["foreach"] and adopted["fused"] is groups[0]["fused"]
     with pytest.raises(CheckpointError, match=r"2 param group\(s\) and this run's 1: configure_optimizers"):
         adopted_param_groups(saved * 2, groups)
+    # A parameter the saved run did not train would be left untrained by the loader.
+    two = torch.optim.Adam([weight, torch.nn.Parameter(torch.ones(1))]).param_groups
+    with pytest.raises(CheckpointError, match=r"trains \[1\] parameters by param group and this run's \[2\]"):
+        adopted_param_groups(saved, two)
+    assert adopted_param_groups(saved, two, check_sizes=False)[0]["params"] == ["w"]  # one process's share: unchecked
+
+
+def test_positions_of_a_weight_decay_split_are_not_named_after_the_state_dict():
+    from lightning_strategies.checkpoints import keyed_by_name
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    # torch numbers 0.weight, 1.weight, 0.bias, 1.bias: not the state_dict's order.
+    optimizer = torch.optim.AdamW(
+        [{"params": [model[0].weight, model[1].weight]}, {"params": [model[0].bias, model[1].bias], "weight_decay": 0}]
+    )
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    weights = model.state_dict()
+    assert keyed_by_name(optimizer.state_dict(), list(weights), weights) is None
+    in_order = torch.optim.AdamW(model.parameters())  # one group: the state_dict's order
+    model(torch.ones(1, 3)).sum().backward()
+    in_order.step()
+    named = keyed_by_name(in_order.state_dict(), list(weights), weights)
+    assert named is not None and named["state"]["1.weight"]["exp_avg"].shape == (2, 2)
 
 
 def test_optimizer_states_keyed_by_name_from_positions():

@@ -68,6 +68,7 @@ def folder(tmp_path_factory):
 def saved(folder):
     runs = {f"uninterrupted-{name}": _run(name, **FULL) for name in STRATEGIES}
     runs |= {f"first-half-{name}": _run(name, **RUN, save=folder / f"{name}.ckpt") for name in STRATEGIES}
+    runs["end-ddp"] = _run("ddp", **FULL, save=folder / "ddp-end.ckpt")  # other weights, for the repeated loads
     return train_together(folder / "saves", runs)
 
 
@@ -95,6 +96,12 @@ def resumed(folder, saved):
         for source in ("ddp", "fsdp-full", "ddp-weights")
         for target in FOLLOWING_ADVICE
     }
+    # Files of the weights alone under the plain ZeRO names: a fit from them would start the optimizer afresh.
+    runs |= {
+        f"{source}->{target}": _run(target, **FULL, resume=folder / f"{source}.ckpt")
+        for source in ("ddp-weights", "deepspeed_stage_2-converted")
+        for target in ("deepspeed_stage_2", "deepspeed_stage_3")
+    }
     # ddp's file (optimizer states by position) made a DCP folder by the convert command, resumed by both.
     assert cli(["convert", str(folder / "ddp.ckpt"), str(folder / "ddp-as-dcp.ckpt"), "--to", "fsdp"]) == 0
     runs |= {
@@ -109,7 +116,7 @@ def resumed(folder, saved):
     return train_together(folder / "resumes", runs)
 
 
-LOADED_EACH = ["ddp", "fsdp", "fsdp-full", "ddp"]
+LOADED_EACH = ["ddp", "fsdp", "ddp-end", "fsdp-full"]
 
 
 DROPPED = (
@@ -148,6 +155,10 @@ MATRIX = {
     # The converted ZeRO folder has no optimizer states: a fit from it is refused.
     ("deepspeed_stage_2-converted", "ddp"): ("refused-clear", LIGHTNING_NO_OPTIMIZER),
     ("deepspeed_stage_2-converted", "fsdp"): ("refused-clear", r"holds the model but no optimizer states"),
+    # A fit from the weights alone would start the optimizer afresh: refused, naming the way to agree to that.
+    **{(source, target): ("refused-clear", LIGHTNING_NO_OPTIMIZER + r".*load_full_weights=True")
+       for source in ("ddp-weights", "deepspeed_stage_2-converted")
+       for target in ("deepspeed_stage_2", "deepspeed_stage_3")},
 }  # fmt: skip
 
 
@@ -202,14 +213,16 @@ def test_the_universal_forms_written_for_resumes_under_deepspeed_are_removed(fol
 
 @pytest.mark.parametrize("target", ["deepspeed_stage_2", "deepspeed_stage_3"])
 def test_evaluation_under_zero_loads_each_other_strategys_checkpoint(saved, resumed, target):
-    """Issue 29, item 6: validate, test and predict with ckpt_path= a ddp file, an fsdp folder and an fsdp file in
-    turn, on one Trainer and model. The three saved one point of one loss curve, so each call's weights must be the
-    ddp run's (the fsdp runs' are kept as DTensors of their ranks)."""
+    """Issue 29, item 6: validate, test and predict with ckpt_path= a ddp file, an fsdp folder, a ddp file of the run's
+    end and an fsdp file in turn, on one Trainer and model: each call's weights are its checkpoint's. ddp's are the
+    reference for the fsdp saves too (one loss curve; the fsdp runs keep theirs as DTensors of their ranks)."""
     loaded = resumed[f"load-each-{target}"]
     assert "error" not in loaded, loaded.get("traceback", loaded.get("error"))
     assert len(loaded["weights_after"]) == len(LOADED_EACH)
-    expected = saved["first-half-ddp"]["weights"]
     for source, weights in zip(LOADED_EACH, loaded["weights_after"], strict=True):
+        expected = saved["end-ddp" if source == "ddp-end" else "first-half-ddp"]["weights"]
         assert weights.keys() == expected.keys()
         for name, tensor in expected.items():
             torch.testing.assert_close(weights[name], tensor, rtol=1e-6, atol=1e-7, msg=f"{source}: {name}")
+    first, end = saved["first-half-ddp"]["weights"], saved["end-ddp"]["weights"]
+    assert any(not torch.allclose(first[name], end[name]) for name in first)  # the loads differ

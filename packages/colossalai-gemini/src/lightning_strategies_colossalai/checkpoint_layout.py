@@ -36,9 +36,9 @@ def from_full_checkpoint(
     colossalai strategies load one full checkpoint file as it is (what they write with state_dict_type="full"), with
     optimizer states keyed by position or by parameter name, so that is the form of any other layout for them.
     """
-    from lightning_strategies.checkpoints import check_file, staged_save
+    from lightning_strategies.checkpoints import load_file, staged_save
 
-    check_file(Path(source))  # weights_only is the reader's: the file is copied as it is, and loaded on resume
+    load_file(source, weights_only, map_location="cpu", mmap=True)  # whole, and readable with weights_only
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with staged_save(destination) as staged:

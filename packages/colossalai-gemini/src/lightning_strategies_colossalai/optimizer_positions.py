@@ -21,9 +21,18 @@ from lightning_strategies.checkpoints import adopted_param_groups
 def for_gemini(optimizer_state: Mapping[str, Any], gemini_optimizer: Any, module: torch.nn.Module) -> dict[str, Any]:
     """``optimizer_state`` (torch's layout, keyed by position or by name) as ``gemini_optimizer.load_state_dict``
     takes it, for the parameters of ``module`` that it trains."""
-    saved_groups = adopted_param_groups(optimizer_state.get("param_groups") or [], gemini_optimizer.optim.param_groups)
+    # Gemini's own groups hold this process's share of the parameters; it numbers all of them in id_to_real_params.
+    saved_groups = adopted_param_groups(
+        optimizer_state.get("param_groups") or [], gemini_optimizer.optim.param_groups, check_sizes=False
+    )
     keys = [key for group in saved_groups for key in group.get("params", [])]
     position = _positions_by_name(gemini_optimizer, module) if any(isinstance(key, str) for key in keys) else {}
+    if len(keys) != len(gemini_optimizer.id_to_real_params):
+        # Gemini drops from its groups any parameter the saved ones do not list: it would never be updated.
+        raise CheckpointError(
+            f"The checkpoint's optimizer trains {len(keys)} parameters and this run's "
+            f"{len(gemini_optimizer.id_to_real_params)}: resume with the model and configure_optimizers that saved it."
+        )
     unknown = [key for key in keys if isinstance(key, str) and key not in position]
     if unknown:
         raise CheckpointError(

@@ -150,7 +150,8 @@ def to_full_checkpoint(
     if with_optimizer:
         # One optimizer: the colossalai strategies refuse more (refusals.check_optimizers).
         optimizer = _read_optimizer(folder / OPTIMIZER_FOLDER, weights_only)
-        checkpoint["optimizer_states"] = [keyed_by_name(optimizer, list(checkpoint["state_dict"])) or optimizer]
+        weights = checkpoint["state_dict"]
+        checkpoint["optimizer_states"] = [keyed_by_name(optimizer, list(weights), weights) or optimizer]
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with staged_save(destination) as staged:

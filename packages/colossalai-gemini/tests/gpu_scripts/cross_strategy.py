@@ -32,7 +32,6 @@ from lightning_strategies import get_registry
 from lightning_strategies.checkpoints import keyed_by_name
 from lightning_strategies.checkpoints.convert import convert
 from lightning_strategies_colossalai.checkpoint_state import fp32_chunk_transfers
-from lightning_strategies_colossalai.optimizer_positions import _positions_by_name
 
 # name -> (strategy name, options, TinyGPT's optimizer)
 SOURCES: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -76,13 +75,14 @@ class RecordRestored(L.Callback):
         self.restored: dict[str, Any] = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        gemini_optimizer = trainer.strategy.gemini_optimizer
-        state = gemini_optimizer.state_dict(only_rank_0=True)  # every rank takes part in gathering
+        state = trainer.strategy.gemini_optimizer.state_dict(only_rank_0=True)  # every rank takes part in gathering
         with fp32_chunk_transfers(trainer.strategy._gemini_model):
             weights = trainer.strategy._gemini_model.state_dict(only_rank_0=True)
         if not trainer.is_global_zero:
             return
-        names = {number: name for name, number in _positions_by_name(gemini_optimizer, pl_module).items()}
+        # One param group built from parameters(): Gemini numbers them in the module's order. Named here apart from
+        # the strategy's own mapping (optimizer_positions), which this checks.
+        names = dict(enumerate(name for name, _ in pl_module.named_parameters()))
         self.restored = {
             "weights": {key: value.detach().float().cpu() for key, value in weights.items()},
             "states": {

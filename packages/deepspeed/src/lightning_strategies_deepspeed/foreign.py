@@ -8,26 +8,27 @@ inside the folder (core's ``one_file_for``).
 - Fitting with an optimizer: global rank 0 writes the file in DeepSpeed's universal layout (``from_full``: each
   parameter's fp32 value and Adam moments by name) into a scratch folder beside the checkpoint, every rank loads it
   with DeepSpeed's universal loader on its own partitions, and rank 0 removes it once all have. It is written again
-  on every such resume (about the fp32 weights and two moments of disk, for as long as the load takes); convert once
-  by hand (``lightning-strategies convert CKPT OUT --to deepspeed``) to keep it.
+  on every such resume (about four times the fp32 weights of disk, for as long as the load takes); convert once by
+  hand (``lightning-strategies convert CKPT OUT --to deepspeed``) to keep it.
+- Fitting from a file without optimizer states: refused (as ``ddp`` refuses it), naming ``load_full_weights=True``
+  to agree to a fresh optimizer.
 - Otherwise (validate, test, predict; a fit without an optimizer): its weights load as with
   ``load_full_weights=True``.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.rank_zero import rank_zero_info
+
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import FILE, identify, is_local, load_file, scratch_folder
 from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
 from lightning_strategies_deepspeed.from_full import from_full_checkpoint
-
-log = logging.getLogger(__name__)
 
 
 def is_foreign(path: Any) -> bool:
@@ -75,10 +76,9 @@ def universal_form(strategy: Any, checkpoint: Any, full: str | Path, weights_onl
                 f"every node must see the checkpoint on one shared file system. Convert it where each node sees it "
                 f"(`lightning-strategies convert {full} OUT --to deepspeed`) and resume from OUT."
             )
-        if strategy.is_global_zero:
-            log.info(
-                f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
-                f"{target} and removed after (weights, Adam moments and steps, schedulers and loop state carried)."
-            )
+        rank_zero_info(
+            f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
+            f"{target} and removed after (weights, Adam moments and steps, schedulers and loop state carried)."
+        )
         yield Path(target)
         strategy.barrier()  # every rank has read it before rank 0 removes it

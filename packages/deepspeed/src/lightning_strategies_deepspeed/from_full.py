@@ -50,7 +50,7 @@ def from_full_checkpoint(
     state_dict = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state_dict, dict) or not state_dict:
         raise CheckpointError(f"{source} has no 'state_dict' entry, so it is no Trainer checkpoint of a model.")
-    groups, states = _named_optimizer_state(source, checkpoint, list(state_dict))
+    groups, states = _named_optimizer_state(source, checkpoint, state_dict)
     lost = [name for name in state_dict if name not in states]
     if lost:
         raise CheckpointError(
@@ -128,7 +128,7 @@ def from_full_checkpoint(
 
 
 def _named_optimizer_state(
-    source: Path, checkpoint: dict[str, Any], names: list[str]
+    source: Path, checkpoint: dict[str, Any], weights: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """The optimizer's param groups (``params`` as parameter names) and each parameter's states by name."""
     optimizers = checkpoint.get("optimizer_states") or []
@@ -138,12 +138,13 @@ def _named_optimizer_state(
             + _INSTEAD.format(path=source)
         )
     (optimizer,) = optimizers
-    named = keyed_by_name(optimizer, names)
+    named = keyed_by_name(optimizer, list(weights), weights)
     if named is None:
         count = sum(len(group.get("params", [])) for group in optimizer.get("param_groups") or [])
         raise CheckpointError(
-            f"{source} keeps its optimizer states by position for {count} of its {len(names)} state_dict entries "
-            "(the others are buffers or frozen weights), so which state is which parameter's is not recorded. "
+            f"{source} keeps its optimizer states by position for {count} of its {len(weights)} state_dict entries, "
+            "and which state is which parameter's is not recorded (the other entries are buffers or frozen weights, "
+            "or several param groups number the parameters in another order than the state_dict's). "
             + _INSTEAD.format(path=source)
         )
     states: dict[str, dict[str, Any]] = {}
@@ -154,7 +155,7 @@ def _named_optimizer_state(
                 f"{source} has no Adam moments (exp_avg, exp_avg_sq, step) for {name}: DeepSpeed's universal layout "
                 f"carries Adam-type states of parameters that have taken a step. {_INSTEAD.format(path=source)}"
             )
-        if name not in names:
+        if name not in weights:
             raise CheckpointError(f"{source} holds optimizer states for {name}, which its state_dict lacks.")
         states[name] = state
     return named["param_groups"], states

@@ -4,8 +4,11 @@ torch's ``Optimizer.state_dict()`` (what ``ddp`` saves) keys each parameter's st
 optimizer's param groups; FSDP2 and DeepSpeed's universal layout key it by parameter name. A full checkpoint file
 records both the model's ``state_dict`` names and the optimizer's positions, but not which position is which name,
 except where every ``state_dict`` entry is a parameter the optimizer trains: torch then numbers the parameters in
-the order the module lists them, which is the ``state_dict``'s. Converters into a name-keyed layout use this, and
-refuse (or keep the positions) where it does not hold.
+the order the module lists them, which is the ``state_dict``'s. That order holds for one param group built from
+``module.parameters()``; several groups (a weight-decay split) number their parameters group after group, which the
+file does not record: where the weights are given, every state tensor's size is checked against its parameter's, which
+such a split breaks (it pairs matrices with vectors). Converters into a name-keyed layout use this, and refuse (or keep
+the positions) where it does not hold.
 
 Param groups differ between the Adam-family optimizers that resume one another's states (HybridAdam, which
 ColossalAI requires, has ``bias_correction``; torch's Adam has ``foreach``, ``fused``, ...), and torch's loaders
@@ -18,14 +21,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from lightning_strategies.errors import CheckpointError
 
 
-def keyed_by_name(optimizer_state: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any] | None:
+def keyed_by_name(
+    optimizer_state: Mapping[str, Any], names: Sequence[str], weights: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """``optimizer_state`` (torch's ``Optimizer.state_dict()`` layout) with its ``state`` and ``param_groups`` keyed
     by parameter name: as it is where it is keyed by name already; converted where it is keyed by the positions
     ``0 .. len(names) - 1``, ``names`` being the model's ``state_dict`` names in order; None where which state is
-    whose is not recorded (positions for only some of the entries: the others are buffers or frozen weights)."""
+    whose is not recorded (positions for only some of the entries: the others are buffers or frozen weights), or
+    where a state tensor's size differs from that of the parameter in ``weights`` (the ``state_dict``) it would go
+    to."""
     groups = optimizer_state.get("param_groups") or []
     keys = [key for group in groups for key in group.get("params", [])]
     if all(isinstance(key, str) for key in keys):
@@ -33,6 +42,12 @@ def keyed_by_name(optimizer_state: Mapping[str, Any], names: Sequence[str]) -> d
     if not (all(isinstance(key, int) for key in keys) and sorted(keys) == list(range(len(names)))):
         return None
     state = optimizer_state.get("state") or {}
+    if weights is not None and any(
+        isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() != weights[names[key]].numel()
+        for key, states in state.items()
+        for value in states.values()
+    ):
+        return None
     return {
         **optimizer_state,
         "state": {names[key]: value for key, value in state.items()},
@@ -40,14 +55,25 @@ def keyed_by_name(optimizer_state: Mapping[str, Any], names: Sequence[str]) -> d
     }
 
 
-def adopted_param_groups(saved_groups: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]]) -> list[dict]:
+def adopted_param_groups(
+    saved_groups: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]], check_sizes: bool = True
+) -> list[dict]:
     """``saved_groups`` for an optimizer whose own param groups are ``groups``: each with the saved ``params`` and
     the saved values of the hyperparameters the optimizer has, its own values for those it has and the saved run's
-    optimizer had not."""
+    optimizer had not. With ``check_sizes`` (where ``groups`` hold all their parameters, not one process's share),
+    each saved group must list as many parameters as the optimizer's: a loader would leave the others untrained."""
     if len(saved_groups) != len(groups):
         raise CheckpointError(
             f"The checkpoint's optimizer has {len(saved_groups)} param group(s) and this run's {len(groups)}: "
             "configure_optimizers must build the param groups the saved run had."
+        )
+    sizes = [
+        (len(saved.get("params", [])), len(group["params"])) for saved, group in zip(saved_groups, groups, strict=True)
+    ]
+    if check_sizes and any(saved != own for saved, own in sizes):
+        raise CheckpointError(
+            f"The checkpoint's optimizer trains {[saved for saved, _ in sizes]} parameters by param group and this "
+            f"run's {[own for _, own in sizes]}: resume with the model and configure_optimizers that saved it."
         )
     return [
         {
