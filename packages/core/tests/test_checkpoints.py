@@ -278,11 +278,11 @@ def test_positions_of_a_weight_decay_split_are_not_named_after_the_state_dict():
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     weights = model.state_dict()
-    assert keyed_by_name(optimizer.state_dict(), list(weights), weights) is None
+    assert keyed_by_name(optimizer.state_dict(), weights) is None
     in_order = torch.optim.AdamW(model.parameters())  # one group: the state_dict's order
     model(torch.ones(1, 3)).sum().backward()
     in_order.step()
-    named = keyed_by_name(in_order.state_dict(), list(weights), weights)
+    named = keyed_by_name(in_order.state_dict(), weights)
     assert named is not None and named["state"]["1.weight"]["exp_avg"].shape == (2, 2)
 
 

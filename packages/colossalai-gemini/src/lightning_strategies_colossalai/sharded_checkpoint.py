@@ -128,12 +128,7 @@ def read_weights(path: str | os.PathLike[str], weights_only: bool | None = None)
     process, no GPU: the shards hold whole tensors): the ``read_weights`` of the ColossalAI format."""
     folder = Path(path)
     check_sharded_folder(folder, with_optimizer=False)
-    meta = read_sharded_meta(folder, weights_only)
-    # The result holds the weights itself: without the marker, a strategy loading it as one file would skip them as
-    # loaded from shards, and the optimizer placeholders stand for shards it does not carry.
-    meta.pop(SHARDED_MARKER, None)
-    meta.pop("optimizer_states", None)
-    return {**meta, "state_dict": _read_shards(folder / MODEL_FOLDER, weights_only)}
+    return _weights_with_meta(folder, read_sharded_meta(folder, weights_only), weights_only)
 
 
 def to_full_checkpoint(
@@ -146,12 +141,11 @@ def to_full_checkpoint(
     meta = read_sharded_meta(folder, weights_only)
     with_optimizer = "optimizer_states" in meta
     check_sharded_folder(folder, with_optimizer)
-    checkpoint = read_weights(folder, weights_only)
+    checkpoint = _weights_with_meta(folder, meta, weights_only)
     if with_optimizer:
         # One optimizer: the colossalai strategies refuse more (refusals.check_optimizers).
         optimizer = _read_optimizer(folder / OPTIMIZER_FOLDER, weights_only)
-        weights = checkpoint["state_dict"]
-        checkpoint["optimizer_states"] = [keyed_by_name(optimizer, list(weights), weights) or optimizer]
+        checkpoint["optimizer_states"] = [keyed_by_name(optimizer, checkpoint["state_dict"]) or optimizer]
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     with staged_save(destination) as staged:
@@ -159,9 +153,22 @@ def to_full_checkpoint(
     return destination
 
 
-def _read_shards(folder: Path, weights_only: bool | None) -> dict[Any, Any]:
-    """The entries of the shard files ``folder``'s index names, in the index's order (the model's, as written)."""
-    index = json.loads(next(folder.glob("*.index.json")).read_text())
+def _weights_with_meta(folder: Path, meta: dict[str, Any], weights_only: bool | None) -> dict[str, Any]:
+    """``meta.pt``'s entries with the model shards' weights, for a checked folder."""
+    # The result holds the weights itself: without the marker, a strategy loading it as one file would skip them as
+    # loaded from shards, and the optimizer placeholders stand for shards it does not carry.
+    rest = {key: value for key, value in meta.items() if key not in (SHARDED_MARKER, "optimizer_states")}
+    model_folder = folder / MODEL_FOLDER
+    return {**rest, "state_dict": _read_shards(model_folder, _index(model_folder), weights_only)}
+
+
+def _index(folder: Path) -> dict[str, Any]:
+    """The folder's ColossalAI index (its one ``*.index.json``, which ``check_sharded_folder`` checked)."""
+    return json.loads(next(folder.glob("*.index.json")).read_text())
+
+
+def _read_shards(folder: Path, index: dict[str, Any], weights_only: bool | None) -> dict[Any, Any]:
+    """The entries of the shard files ``index`` names, in its order (the model's, as written)."""
     entries: dict[Any, Any] = {}
     for name in dict.fromkeys(index["weight_map"].values()):
         entries.update(load_file(folder / name, weights_only=weights_only, map_location="cpu"))
@@ -172,9 +179,9 @@ def _read_shards(folder: Path, weights_only: bool | None) -> dict[Any, Any]:
 def _read_optimizer(folder: Path, weights_only: bool | None) -> dict[str, Any]:
     """The optimizer state of the ``optimizer/`` shards in torch's ``Optimizer.state_dict()`` layout: the states by
     position (the shards' keys) and the param groups (their own file, named in the index)."""
-    index = json.loads(next(folder.glob("*.index.json")).read_text())
+    index = _index(folder)
     groups = load_file(folder / index["metadata"]["param_groups"], weights_only=weights_only, map_location="cpu")
-    state = {int(key): value for key, value in _read_shards(folder, weights_only).items()}
+    state = {int(key): value for key, value in _read_shards(folder, index, weights_only).items()}
     return {"state": state, "param_groups": groups}
 
 

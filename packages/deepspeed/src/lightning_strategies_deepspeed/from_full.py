@@ -138,7 +138,7 @@ def _named_optimizer_state(
             + _INSTEAD.format(path=source)
         )
     (optimizer,) = optimizers
-    named = keyed_by_name(optimizer, list(weights), weights)
+    named = keyed_by_name(optimizer, weights)
     if named is None:
         count = sum(len(group.get("params", [])) for group in optimizer.get("param_groups") or [])
         raise CheckpointError(

@@ -465,7 +465,7 @@ def _keyed_by_name(checkpoint: dict[str, Any]) -> dict[str, Any]:
     states, weights = checkpoint.get(TRAINER_OPTIMIZERS), checkpoint.get("state_dict")
     if not isinstance(states, list) or not isinstance(weights, Mapping):
         return checkpoint
-    named = [keyed_by_name(state, list(weights), weights) if isinstance(state, Mapping) else None for state in states]
+    named = [keyed_by_name(state, weights) if isinstance(state, Mapping) else None for state in states]
     return {**checkpoint, TRAINER_OPTIMIZERS: [new or old for new, old in zip(named, states, strict=True)]}
 
 

@@ -27,14 +27,16 @@ from lightning_strategies.errors import CheckpointError
 
 
 def keyed_by_name(
-    optimizer_state: Mapping[str, Any], names: Sequence[str], weights: Mapping[str, Any] | None = None
+    optimizer_state: Mapping[str, Any], names: Sequence[str] | Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """``optimizer_state`` (torch's ``Optimizer.state_dict()`` layout) with its ``state`` and ``param_groups`` keyed
     by parameter name: as it is where it is keyed by name already; converted where it is keyed by the positions
-    ``0 .. len(names) - 1``, ``names`` being the model's ``state_dict`` names in order; None where which state is
-    whose is not recorded (positions for only some of the entries: the others are buffers or frozen weights), or
-    where a state tensor's size differs from that of the parameter in ``weights`` (the ``state_dict``) it would go
-    to."""
+    ``0 .. len(names) - 1``, ``names`` being the model's ``state_dict`` names in order, or the ``state_dict`` itself;
+    None where which state is whose is not recorded (positions for only some of the entries: the others are buffers
+    or frozen weights), or, given the ``state_dict``, where a state tensor's size differs from that of the parameter
+    it would go to."""
+    weights = names if isinstance(names, Mapping) else None
+    names = list(names)
     groups = optimizer_state.get("param_groups") or []
     keys = [key for group in groups for key in group.get("params", [])]
     if all(isinstance(key, str) for key in keys):
