@@ -1,5 +1,5 @@
-"""Gemini beyond one machine: two torchrun "nodes" on one two-GPU machine, each seeing its own GPU,
-train, save a sharded checkpoint folder and resume it (run on the GPU machine with -m gpu)."""
+"""Gemini beyond one machine: two torchrun "nodes" on one GPU machine, each seeing its own GPUs, train, save a
+sharded checkpoint folder and resume it, on as many nodes or on another layout (run on the GPU machine with -m gpu)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_strategies.conformance.multinode import resume_problems, staging_leftovers, two_nodes_save_and_resume
+from lightning_strategies.conformance.multinode import (
+    Layout,
+    layout_change_problems,
+    resume_problems,
+    staging_leftovers,
+    two_nodes_save_and_resume,
+)
 
 
 @pytest.mark.gpu
@@ -24,3 +30,17 @@ def test_two_nodes_of_one_gpu_each_train_save_and_resume(tmp_path: Path) -> None
     ]
     assert checkpoint.exists() and staging_leftovers(checkpoint.parent) == []
     assert resume_problems(saving, resuming, saved_step=3) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
+@pytest.mark.parametrize(
+    ("saved_on", "resumed_on"), [((2, 2), (1, 2)), ((1, 2), (2, 2))], ids=["2x2-then-1x2", "1x2-then-2x2"]
+)
+def test_nodes_of_two_gpus_resume_on_another_layout(
+    tmp_path: Path, saved_on: tuple[int, int], resumed_on: tuple[int, int]
+) -> None:
+    """Two nodes of two GPUs each and one node of two resume each other's checkpoints by ckpt_path:
+    Gemini's shards of four processes resumed on two, and of two on four."""
+    saving, resuming = Layout.on_gpus(*saved_on), Layout.on_gpus(*resumed_on)
+    assert layout_change_problems("colossalai", tmp_path, saving, resuming) == []

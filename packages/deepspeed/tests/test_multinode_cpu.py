@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from lightning_strategies.conformance.multinode import (
+    Layout,
+    layout_change_problems,
     resume_problems,
     slurm_requeue_problems,
     staging_leftovers,
@@ -72,3 +74,21 @@ def test_two_nodes_of_one_gpu_each_train_save_and_resume(tmp_path: Path) -> None
     assert [report["node_rank"] for report in saving.rank_reports()] == [0, 1]
     assert checkpoint.is_dir() and staging_leftovers(checkpoint.parent) == []
     assert resume_problems(saving, resuming, saved_step=3) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("saved_on", "resumed_on"), [((2, 2), (1, 2)), ((1, 2), (2, 2))], ids=["2x2-then-1x2", "1x2-then-2x2"]
+)
+def test_nodes_of_two_gpus_resume_on_another_layout(
+    tmp_path: Path, saved_on: tuple[int, int], resumed_on: tuple[int, int]
+) -> None:
+    """Two nodes of two GPUs each and one node of two resume each other's checkpoints by ckpt_path:
+    ZeRO-3 partitions of four processes resumed on two and of two on four (through DeepSpeed's universal
+    layout, on the fly)."""
+    import torch
+
+    if torch.cuda.device_count() < 4:
+        pytest.skip("needs four CUDA GPUs")
+    saving, resuming = Layout.on_gpus(*saved_on), Layout.on_gpus(*resumed_on)
+    assert layout_change_problems(STRATEGY, tmp_path, saving, resuming) == []

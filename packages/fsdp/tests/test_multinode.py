@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from lightning_strategies.conformance.multinode import (
+    Layout,
+    layout_change_problems,
     resume_problems,
     slurm_requeue_problems,
     staging_leftovers,
@@ -26,6 +28,12 @@ SHARD_FILES = ("__0_0.distcp", "__1_0.distcp", ".checksums-0.json", ".checksums-
 
 def test_two_torchrun_nodes_train_save_and_resume(tmp_path: Path) -> None:
     assert two_node_problems(STRATEGY, tmp_path, SHARD_FILES) == []  # both nodes wrote into the one folder
+
+
+def test_two_nodes_of_two_processes_resume_on_one_node_of_two(tmp_path: Path) -> None:
+    """The DCP folder of four processes on two nodes reshards onto two processes on one."""
+    layouts = Layout(nodes=2, per_node=2), Layout(nodes=1, per_node=2)
+    assert layout_change_problems(STRATEGY, tmp_path, *layouts, accelerator="cpu") == []
 
 
 def test_slurm_requeue_signal_saves_hpc_checkpoint_that_resumes(tmp_path: Path) -> None:
@@ -45,3 +53,20 @@ def test_two_nodes_of_one_gpu_each_train_save_and_resume(tmp_path: Path) -> None
     assert [report["node_rank"] for report in saving.rank_reports()] == [0, 1]
     assert checkpoint.is_dir() and staging_leftovers(checkpoint.parent) == []
     assert resume_problems(saving, resuming, saved_step=3) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("saved_on", "resumed_on"), [((2, 2), (1, 2)), ((1, 2), (2, 2))], ids=["2x2-then-1x2", "1x2-then-2x2"]
+)
+def test_nodes_of_two_gpus_resume_on_another_layout(
+    tmp_path: Path, saved_on: tuple[int, int], resumed_on: tuple[int, int]
+) -> None:
+    """Two nodes of two GPUs each and one node of two resume each other's checkpoints by ckpt_path:
+    hybrid sharding's (replicate, shard) mesh of (2, 2) resharded to (1, 2), and back."""
+    import torch
+
+    if torch.cuda.device_count() < 4:
+        pytest.skip("needs four CUDA GPUs")
+    saving, resuming = Layout.on_gpus(*saved_on), Layout.on_gpus(*resumed_on)
+    assert layout_change_problems("fsdp_hybrid_shard", tmp_path, saving, resuming) == []

@@ -53,38 +53,48 @@ class NodeRun:
         return torch.load(self.report / f"weights.{moment}.pt", weights_only=True)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Torchrun nodes and the processes on each; ``visible_devices[i]`` is node i's ``CUDA_VISIBLE_DEVICES``,
+    so that "nodes" on one machine each own their GPUs, as separate machines would (None on CPU)."""
+
+    nodes: int = 2
+    per_node: int = 1
+    visible_devices: tuple[str, ...] | None = None
+
+    @classmethod
+    def on_gpus(cls, nodes: int, per_node: int) -> Layout:
+        """Node i owns GPUs i * per_node to (i + 1) * per_node - 1 of this machine."""
+        first = [node * per_node for node in range(nodes)]
+        return cls(nodes, per_node, tuple(",".join(map(str, range(gpu, gpu + per_node))) for gpu in first))
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.per_node
+
+
 def training_arguments(
-    strategy: str, root: Path, report: Path, max_steps: int, accelerator: str = "cpu", nodes: int = 2
+    strategy: str, root: Path, report: Path, max_steps: int, accelerator: str = "cpu", layout: Layout = Layout()
 ) -> list[str]:
     return [
-        "--strategy", strategy, "--accelerator", accelerator, "--devices", "1", "--num-nodes", str(nodes),
-        "--root", str(root), "--report", str(report), "--max-steps", str(max_steps),
+        "--strategy", strategy, "--accelerator", accelerator, "--devices", str(layout.per_node),
+        "--num-nodes", str(layout.nodes), "--root", str(root), "--report", str(report), "--max-steps", str(max_steps),
     ]  # fmt: skip
 
 
-def launch_torchrun_nodes(
-    arguments: Sequence[str],
-    report: Path,
-    nodes: int = 2,
-    visible_devices: Sequence[str] | None = None,
-    timeout: float = 600,
-) -> NodeRun:
-    """Start ``nodes`` torchrun agents together (one process each, static rendezvous on localhost).
-
-    ``visible_devices[i]`` becomes node i's ``CUDA_VISIBLE_DEVICES``, so that two "nodes" on one
-    machine each own one GPU, as two machines would.
-    """
+def launch_torchrun_nodes(arguments: Sequence[str], report: Path, layout: Layout, timeout: float = 600) -> NodeRun:
+    """Start the layout's torchrun agents together (static rendezvous on localhost)."""
     port = free_port()
     commands, environments = [], []
-    for node in range(nodes):
+    for node in range(layout.nodes):
         commands.append([
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", "1",
-            "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-            "--module", PROGRAM, *arguments,
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", str(layout.nodes),
+            "--nproc-per-node", str(layout.per_node), "--node-rank", str(node), "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--module", PROGRAM, *arguments,
         ])  # fmt: skip
         extra = {"OMP_NUM_THREADS": "1"}
-        if visible_devices is not None:
-            extra["CUDA_VISIBLE_DEVICES"] = visible_devices[node]
+        if layout.visible_devices is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = layout.visible_devices[node]
         environments.append(fresh_launch_environment(extra))
     return _run_together(commands, environments, report, timeout)
 
@@ -145,27 +155,31 @@ def two_nodes_save_and_resume(
     steps: tuple[int, int] = (3, 5),
     timeout: float = 600,
 ) -> tuple[NodeRun, NodeRun, Path]:
-    """Train ``steps[0]`` steps on two torchrun nodes and save; then resume on two new nodes up to ``steps[1]``.
-
-    Returns the saving run, the resuming run and the checkpoint's path (under ``workdir/root``).
+    """Train ``steps[0]`` steps on two torchrun nodes of one process each and save; then resume on two new nodes
+    up to ``steps[1]``. Returns the saving run, the resuming run and the checkpoint's path (under ``workdir/root``).
     """
+    layout = Layout(2, 1, tuple(visible_devices) if visible_devices is not None else None)
+    return save_and_resume(strategy, workdir, layout, layout, accelerator, steps, timeout)
+
+
+def save_and_resume(
+    strategy: str,
+    workdir: Path,
+    saving_layout: Layout,
+    resuming_layout: Layout,
+    accelerator: str = "cpu",
+    steps: tuple[int, int] = (3, 5),
+    timeout: float = 600,
+) -> tuple[NodeRun, NodeRun, Path]:
+    """Train ``steps[0]`` steps laid out as ``saving_layout`` and save; then resume laid out as ``resuming_layout``
+    (another number of nodes or of processes, or both) up to ``steps[1]``, by ``ckpt_path`` alone."""
     root = workdir / "root"
-    checkpoint = root / "two-nodes.ckpt"
-    saving = launch_torchrun_nodes(
-        [*training_arguments(strategy, root, workdir / "save", steps[0], accelerator), "--save-to", str(checkpoint)],
-        workdir / "save",
-        visible_devices=visible_devices,
-        timeout=timeout,
-    )
+    checkpoint = root / "saved.ckpt"
+    save = [*training_arguments(strategy, root, workdir / "save", steps[0], accelerator, saving_layout)]
+    saving = launch_torchrun_nodes([*save, "--save-to", str(checkpoint)], workdir / "save", saving_layout, timeout)
+    resume = [*training_arguments(strategy, root, workdir / "resume", steps[1], accelerator, resuming_layout)]
     resuming = launch_torchrun_nodes(
-        [
-            *training_arguments(strategy, root, workdir / "resume", steps[1], accelerator),
-            "--ckpt-path",
-            str(checkpoint),
-        ],
-        workdir / "resume",
-        visible_devices=visible_devices,
-        timeout=timeout,
+        [*resume, "--ckpt-path", str(checkpoint)], workdir / "resume", resuming_layout, timeout
     )
     return saving, resuming, checkpoint
 
@@ -195,12 +209,13 @@ def slurm_requeue_and_resume(
     stand_in = workdir / "stand-in-bin"
     install_stand_in_scontrol(stand_in, scontrol_log)
     signalled = launch_slurm_tasks(
-        [*training_arguments(strategy, root, workdir / "signalled", max_steps, nodes=tasks),
+        [*training_arguments(strategy, root, workdir / "signalled", max_steps, layout=Layout(tasks)),
          "--requeue-at-step", str(requeue_at_step)],
         workdir / "signalled", stand_in, tasks, timeout,
     )  # fmt: skip
     resumed = launch_slurm_tasks(
-        [*training_arguments(strategy, root, workdir / "resumed", max_steps, nodes=tasks), "--ckpt-path", "hpc"],
+        [*training_arguments(strategy, root, workdir / "resumed", max_steps, layout=Layout(tasks)),
+         "--ckpt-path", "hpc"],
         workdir / "resumed", stand_in, tasks, timeout,
     )  # fmt: skip
     calls = scontrol_log.read_text().splitlines() if scontrol_log.exists() else []
@@ -215,12 +230,13 @@ def staging_leftovers(root: Path) -> list[Path]:
     return sorted(staging.rglob("*")) if staging.exists() else []
 
 
-def resume_problems(saving: NodeRun, resuming: NodeRun, saved_step: int, nodes: int = 2) -> list[str]:
-    """What is wrong with a resume: every rank must start at ``saved_step`` with the saved weights, and train on."""
+def resume_problems(saving: NodeRun, resuming: NodeRun, saved_step: int, ranks: int = 2) -> list[str]:
+    """What is wrong with a resume: each of its ``ranks`` must start at ``saved_step`` with the saved weights, and
+    train on."""
     problems = []
     reports = resuming.rank_reports()
-    if len(reports) != nodes:
-        problems.append(f"{len(reports)} of {nodes} ranks reported after resuming")
+    if len(reports) != ranks:
+        problems.append(f"{len(reports)} of {ranks} ranks reported after resuming")
     for report in reports:
         if report["start_step"] != saved_step:
             problems.append(f"rank {report['global_rank']} resumed at step {report['start_step']}, not {saved_step}")
@@ -253,6 +269,24 @@ def two_node_problems(strategy: str, workdir: Path, checkpoint_files: Sequence[s
     problems += [f"{name} missing from the checkpoint" for name in checkpoint_files if not (checkpoint / name).exists()]
     problems += [f"left in staging: {path}" for path in staging_leftovers(checkpoint.parent)]
     return problems + resume_problems(saving, resuming, saved_step=3)
+
+
+def layout_change_problems(
+    strategy: str, workdir: Path, saved_on: Layout, resumed_on: Layout, accelerator: str = "cuda"
+) -> list[str]:
+    """Train and save laid out as ``saved_on``, resume as ``resumed_on`` (another number of nodes or processes) by
+    ``ckpt_path`` alone: what went wrong, nothing when all is right."""
+    saving, resuming, checkpoint = save_and_resume(strategy, workdir, saved_on, resumed_on, accelerator)
+    problems = []
+    for layout, run in ((saved_on, saving), (resumed_on, resuming)):
+        expected = [(node, local, layout.ranks) for node in range(layout.nodes) for local in range(layout.per_node)]
+        seen = [(rank["node_rank"], rank["local_rank"], rank["world_size"]) for rank in run.rank_reports()]
+        if seen != expected:
+            problems.append(f"ranks seen (node, local rank, world size): {seen}, not {expected}")
+    if not checkpoint.exists():
+        problems.append(f"nothing saved at {checkpoint}")
+    problems += [f"left in staging: {path}" for path in staging_leftovers(checkpoint.parent)]
+    return problems + resume_problems(saving, resuming, saved_step=3, ranks=resumed_on.ranks)
 
 
 def slurm_requeue_problems(strategy: str, workdir: Path, checkpoint_files: Sequence[str]) -> list[str]:
