@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_strategies.conformance.multinode import (
+    FOUR_GPU_LAYOUT_CHANGES,
     Layout,
     layout_change_problems,
     resume_problems,
@@ -34,13 +35,8 @@ def test_two_nodes_of_one_gpu_each_train_save_and_resume(tmp_path: Path) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs")
-@pytest.mark.parametrize(
-    ("saved_on", "resumed_on"), [((2, 2), (1, 2)), ((1, 2), (2, 2))], ids=["2x2-then-1x2", "1x2-then-2x2"]
-)
-def test_nodes_of_two_gpus_resume_on_another_layout(
-    tmp_path: Path, saved_on: tuple[int, int], resumed_on: tuple[int, int]
-) -> None:
+@pytest.mark.parametrize("layouts", FOUR_GPU_LAYOUT_CHANGES.values(), ids=FOUR_GPU_LAYOUT_CHANGES)
+def test_nodes_of_two_gpus_resume_on_another_layout(tmp_path: Path, layouts: tuple[Layout, Layout]) -> None:
     """Two nodes of two GPUs each and one node of two resume each other's checkpoints by ckpt_path:
     Gemini's shards of four processes resumed on two, and of two on four."""
-    saving, resuming = Layout.on_gpus(*saved_on), Layout.on_gpus(*resumed_on)
-    assert layout_change_problems("colossalai", tmp_path, saving, resuming) == []
+    assert layout_change_problems("colossalai", tmp_path, *layouts) == []

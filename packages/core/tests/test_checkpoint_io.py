@@ -17,6 +17,7 @@ from lightning_strategies.checkpoints import (
     CheckpointFormat,
     check_checkpoint_file,
     check_trainer_checkpoint,
+    on_rank_zero,
     one_file_for,
     reads_torch_save_files,
     scratch_folder,
@@ -161,11 +162,41 @@ def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> 
     class OtherNode(_Strategy):
         is_global_zero = False
 
-        def broadcast(self, obj: object) -> object:  # what rank 0 answered
-            return str(folder / ONE_FILE_NAME), None, f"`convert {folder} full.ckpt`"
+        def broadcast(self, obj: object) -> object:  # what rank 0 answered: (the file to load, no failure)
+            return str(folder / ONE_FILE_NAME), None
 
-    with pytest.raises(CheckpointError, match=r"one shared file system.*convert"):
+    with pytest.raises(CheckpointError, match=r"one shared file system.*lightning-strategies convert"):
         one_file_for(folder, OtherNode())
+
+
+def test_work_of_rank_zero_reaches_every_rank_and_so_does_its_failure() -> None:
+    """on_rank_zero: the other ranks take rank 0's answer, never their own (they run nothing)."""
+
+    class OtherRank(_Strategy):
+        is_global_zero = False
+
+        def __init__(self, answer: tuple[object, str | None]) -> None:
+            self.answer = answer
+
+        def broadcast(self, obj: object) -> object:
+            assert obj == (None, None)  # this rank ran nothing
+            return self.answer
+
+    def never() -> str:
+        raise AssertionError("only rank 0 works")
+
+    assert on_rank_zero(_Strategy(), lambda: "converted") == "converted"
+    assert on_rank_zero(OtherRank(("converted", None)), never) == "converted"
+    with pytest.raises(CheckpointError, match=r"^shard 1 is unreadable: resume on 2 processes$"):
+        on_rank_zero(OtherRank((None, "shard 1 is unreadable: resume on 2 processes")), never)
+
+    def unreadable() -> str:
+        raise OSError("shard 1 is unreadable")
+
+    with pytest.raises(CheckpointError, match=r"^OSError: shard 1 is unreadable$"):  # described: the error's type too
+        on_rank_zero(_Strategy(), unreadable)
+    with pytest.raises(CheckpointError, match=r"^read on rank 0: shard 1 is unreadable$"):  # a caller's own words
+        on_rank_zero(_Strategy(), unreadable, lambda error: f"read on rank 0: {error}")
 
 
 def test_a_scratch_folder_left_by_a_killed_conversion_is_removed_by_the_next(tmp_path: Path) -> None:

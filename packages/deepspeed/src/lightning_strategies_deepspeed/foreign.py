@@ -26,7 +26,15 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import FILE, identify, is_local, load_file, scratch_folder
+from lightning_strategies.checkpoints import (
+    FILE,
+    check_seen,
+    identify,
+    is_local,
+    load_file,
+    on_rank_zero,
+    scratch_folder,
+)
 from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
 from lightning_strategies_deepspeed.from_full import from_full_checkpoint
 
@@ -51,31 +59,26 @@ def universal_form(strategy: Any, checkpoint: Any, full: str | Path, weights_onl
     it), written by global rank 0 beside ``checkpoint`` for the block, in which every rank loads it. Called on every
     rank together."""
     full = Path(full)
-    answer: tuple[str | None, str | None] = (None, None)
+    by_hand = f"`lightning-strategies convert {full} OUT --to deepspeed`"
+
+    def failure(error: Exception) -> str:
+        if isinstance(error, CheckpointError):
+            return str(error)
+        return (
+            f"{full} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written beside it "
+            f"first, and that failed: {type(error).__name__}: {error} Convert it where it can be written ({by_hand}) "
+            "and resume from OUT."
+        )
+
     with ExitStack() as stack:
-        if strategy.is_global_zero:
-            try:  # every rank raises a failure here, rather than the others waiting for rank 0 forever
-                target = stack.enter_context(scratch_folder(Path(checkpoint).parent)) / "universal"
-                from_full_checkpoint(full, target, weights_only)
-                answer = (str(target), None)
-            except CheckpointError as error:
-                answer = (None, str(error))
-            except Exception as error:
-                answer = (
-                    None,
-                    f"{full} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written beside "
-                    f"it first, and that failed: {type(error).__name__}: {error} Convert it where it can be written "
-                    f"(`lightning-strategies convert {full} OUT --to deepspeed`) and resume from OUT.",
-                )
-        target, failure = strategy.broadcast(answer)
-        if failure is not None:
-            raise CheckpointError(failure)
-        if not Path(target).joinpath("latest_universal").is_file():
-            raise CheckpointError(
-                f"Rank 0 wrote the universal form of {full} at {target}, but this process does not see it there: "
-                f"every node must see the checkpoint on one shared file system. Convert it where each node sees it "
-                f"(`lightning-strategies convert {full} OUT --to deepspeed`) and resume from OUT."
-            )
+
+        def write() -> str:
+            target = stack.enter_context(scratch_folder(Path(checkpoint).parent)) / "universal"
+            from_full_checkpoint(full, target, weights_only)
+            return str(target)
+
+        target = on_rank_zero(strategy, write, failure)
+        check_seen(Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
         rank_zero_info(
             f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
             f"{target} and removed after (weights, Adam moments and steps, schedulers and loop state carried)."

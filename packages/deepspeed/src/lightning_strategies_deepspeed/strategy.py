@@ -28,7 +28,7 @@ from lightning.pytorch.utilities.types import LRSchedulerConfig
 from typing_extensions import override
 
 from lightning_strategies import CheckpointError, MissingBackendError, constructor_for
-from lightning_strategies.checkpoints import one_file_for, remove
+from lightning_strategies.checkpoints import on_rank_zero, one_file_for, remove
 from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models
 from lightning_strategies.precision import OwnPrecisionMixin, fp16_mixed_on_cpu_as_bf16
 from lightning_strategies.ranks import ReportFailuresMixin
@@ -284,7 +284,9 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         checkpoint_path = self._recover_checkpoint(checkpoint_path)
         if self.load_full_weights:
             return self._load_full_weights_file(checkpoint_path, weights_only)
-        if self.lightning_module is not None and foreign.is_foreign(checkpoint_path):
+        # Decided by rank 0 for all: a node that does not see the path follows it, and is told so, rather than
+        # leaving the others in a collective of a load they take and it does not.
+        if self.lightning_module is not None and on_rank_zero(self, lambda: foreign.is_foreign(checkpoint_path)):
             return self._load_foreign(checkpoint_path, weights_only)
         location, layout = checkpoints.inspect(checkpoint_path, weights_only)
         assert self.lightning_module is not None and self.model is not None
@@ -327,7 +329,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             checkpoint = self._load_full_weights_file(full, weights_only)
             self._full_weights_pending = True
             return checkpoint
-        if not foreign.holds_optimizer_states(full, weights_only):
+        if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only)):
             # Lightning leaves restoring the optimizer to this strategy (lightning_restore_optimizer is False), so
             # its own refusal of a fit from weights alone never comes: the optimizer would start afresh unsaid.
             raise CheckpointError(

@@ -29,7 +29,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import files_fingerprint, read_record, staged_save
+from lightning_strategies.checkpoints import check_seen, files_fingerprint, on_rank_zero, read_record, staged_save
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
 from lightning_strategies_deepspeed.checkpoint_layout import CONVERTED_SUFFIX
@@ -66,36 +66,29 @@ def resume_anywhere(
     if not needs_conversion(location, layout, world_size, restores_optimizer):
         return location, layout
     target = converted_path(location)
-    answer: tuple[str | None, str] = (None, "")
-    if strategy.is_global_zero:
-        saved = (
-            f"The DeepSpeed checkpoint {location.directory} was saved {layout.describe()}; this run has {world_size} "
-            f"process{'es' if world_size != 1 else ''}, so it is converted to DeepSpeed's universal layout before "
-            "loading"
+    saved = (
+        f"The DeepSpeed checkpoint {location.directory} was saved {layout.describe()}; this run has {world_size} "
+        f"process{'es' if world_size != 1 else ''}, so it is converted to DeepSpeed's universal layout before loading"
+    )
+
+    def failure(error: Exception) -> str:
+        if isinstance(error, _Unconvertible):
+            return f"{saved}, which cannot be done: {error} What was saved is unchanged."
+        if isinstance(error, CheckpointError):  # a file refused as damaged, or by weights_only
+            return f"{saved}, and one of its files is refused: {error}"
+        return (
+            f"{saved}, and the conversion failed. What was saved is unchanged. Resume on {layout.world_size} "
+            f"processes, or copy the checkpoint again from where it was written.\n{type(error).__name__}: {error}"
         )
-        try:
-            workers = min(os.cpu_count() or 1, max(1, int(getattr(strategy, "num_processes", 1) or 1)))
-            answer = (None, _convert_once(location, target, workers, weights_only))
-        except _Unconvertible as error:
-            answer = (f"{saved}, which cannot be done: {error} What was saved is unchanged.", "")
-        except CheckpointError as error:  # a file refused as damaged, or by weights_only
-            answer = (f"{saved}, and one of its files is refused: {error}", "")
-        except Exception as error:  # every rank raises it, rather than the others waiting for rank 0 forever
-            answer = (
-                f"{saved}, and the conversion failed. What was saved is unchanged. Resume on {layout.world_size} "
-                f"processes, or copy the checkpoint again from where it was written.\n{type(error).__name__}: {error}",
-                "",
-            )
-    failure, done = strategy.broadcast(answer)
-    if failure is not None:
-        raise CheckpointError(failure)
-    if not target.joinpath("latest_universal").is_file():
-        raise CheckpointError(
-            f"Rank 0 wrote the universal form of {location.directory} at {target}, but this process does not see it "
-            "there: every node must see the checkpoint on one shared file system. Convert it by hand where each node "
-            f"sees it (`python -m lightning_strategies_deepspeed.convert --universal {location.directory} OUTPUT`) "
-            "and resume from OUTPUT."
-        )
+
+    # The other ranks wait meanwhile, so their cores are free: one conversion worker per process of this machine.
+    workers = min(os.cpu_count() or 1, max(1, int(getattr(strategy, "num_processes", 1) or 1)))
+    done = on_rank_zero(strategy, lambda: _convert_once(location, target, workers, weights_only), failure)
+    check_seen(
+        target.joinpath("latest_universal"),
+        f"the universal form of {location.directory}",
+        f"`python -m lightning_strategies_deepspeed.convert --universal {location.directory} OUTPUT`",
+    )
     rank_zero_info(done)
     return checkpoints.inspect(target, weights_only)
 

@@ -8,6 +8,7 @@
 - ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position, and param
   groups of one Adam-family optimizer for another.
 - ``scratch``: conversions' scratch folders (those of killed conversions removed) and the fingerprint of a source.
+- ``rank_zero``: work on a checkpoint that global rank 0 does for every rank, its failure raised on all of them.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
 """
@@ -30,6 +31,7 @@ from lightning_strategies.checkpoints.formats import (
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.optimizer_keys import adopted_param_groups, keyed_by_name
+from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
 from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record, scratch_folder
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
@@ -49,6 +51,7 @@ __all__ = [
     "adopted_param_groups",
     "check_checkpoint_file",
     "check_file",
+    "check_seen",
     "check_trainer_checkpoint",
     "earlier_checkpoint_advice",
     "files_fingerprint",
@@ -57,6 +60,7 @@ __all__ = [
     "is_local",
     "keyed_by_name",
     "load_file",
+    "on_rank_zero",
     "one_file_for",
     "publish",
     "read_record",

@@ -17,8 +17,9 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_strategies.checkpoints.formats import FILE, foreign_checkpoint_error, identify
+from lightning_strategies.checkpoints.formats import FILE, CheckpointFormat, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints.loading import check_file
+from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
 from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record
 from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
@@ -97,63 +98,54 @@ def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, nat
     ``to_full_checkpoint``: FSDP2's DCP folders, DeepSpeed's ZeRO folders), that file, written by global rank 0
     into the folder as ``full.ckpt`` and reused by later resumes while the folder's files are those it was converted
     from (``full.ckpt.source.json`` records their sizes and times).
-    Called on every rank
-    together: rank 0 decides and converts, and the others follow its answer, so that no rank leaves the collective
-    because it sees the folder otherwise (a node without the shared file system sees nothing). A failed conversion
-    ends every rank with a ``CheckpointError``. Folders of the layouts whose keys are in ``native`` (those the
-    strategy reads itself: "dcp" for the fsdp strategies) and folders no package converts are returned as they
-    are."""
+    Called on every rank together: rank 0 decides and converts, the others follow its answer (``on_rank_zero``).
+    Folders of the layouts whose keys are in ``native`` (those the strategy reads itself: "dcp" for the fsdp
+    strategies) and folders no package converts are returned as they are."""
     if not is_local(path):
         return path
-    answer: tuple[str | None, str | None, str] = (None, None, "")
-    if strategy.is_global_zero:
-        answer = _one_file_on_rank_zero(Path(path), type(strategy).__name__, weights_only, native)
-    target, failure, by_hand = strategy.broadcast(answer)
-    if failure is not None:
-        raise CheckpointError(failure)
+    name = type(strategy).__name__
+    target = on_rank_zero(strategy, lambda: _one_file_on_rank_zero(Path(path), name, weights_only, native))
     if target is None:
         return path
-    if not Path(target).is_file():
-        raise CheckpointError(
-            f"Rank 0 wrote the one-file form of {path} at {target}, but this process does not see it there: every "
-            f"node must see the checkpoint on one shared file system. Convert it where each node sees it ({by_hand}) "
-            "and resume from that file."
-        )
+    check_seen(target, f"the one-file form of {path}", f"`lightning-strategies convert {path} full.ckpt --to full`")
     return target
 
 
-def _one_file_on_rank_zero(
-    path: Path, strategy: str, weights_only: bool | None, native: Collection[str]
-) -> tuple[str | None, str | None, str]:
-    """(the file to load, or None for ``path`` itself; the failure every rank raises, or None; the by-hand route)."""
+def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None, native: Collection[str]) -> str | None:
+    """The one-file form of ``path`` where it is a folder to convert (None: load ``path`` itself)."""
     if not path.is_dir():
-        return None, None, ""
+        return None
     found = identify(path)
     if found is None or not found.to_full_checkpoint or found.key in native:
-        return None, None, ""
+        return None
     target = path / ONE_FILE_NAME
-    try:  # every rank raises a failure here, rather than the others waiting for rank 0 forever
-        source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, *found.derived))
-        reused = target.is_file() and read_record(path / ONE_FILE_SOURCE) == source
-        if not reused:
-            module, _, function = found.to_full_checkpoint.partition(":")
-            getattr(importlib.import_module(module), function)(path, target, weights_only)
-            # Recorded after the file is in place: a conversion killed before leaves no record, so the next converts
-            # again.
-            with staged_save(path / ONE_FILE_SOURCE) as staged:
-                staged.write_text(json.dumps(source, indent=1))
+    try:
+        reused = _write_one_file(path, found, target, weights_only)
     except Exception as error:
-        failure = (
+        raise CheckpointError(
             f"{path} is {found.description}; {strategy} reads one checkpoint file, so it is converted to one at "
             f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}."
-        )
-        return None, failure, ""
+        ) from error
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
     log.info(
         f"Resuming {path} ({found.description}) under {strategy} from its one-file form {target} ({how}; weights, "
         "optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
     )
-    return str(target), None, f"`lightning-strategies convert {path} full.ckpt --to full`"
+    return str(target)
+
+
+def _write_one_file(path: Path, found: CheckpointFormat, target: Path, weights_only: bool | None) -> bool:
+    """Convert ``path`` to one file at ``target`` unless the one there is of the folder's files as they are now;
+    return whether it was reused."""
+    source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, *found.derived))
+    if target.is_file() and read_record(path / ONE_FILE_SOURCE) == source:
+        return True
+    module, _, function = found.to_full_checkpoint.partition(":")
+    getattr(importlib.import_module(module), function)(path, target, weights_only)
+    # Recorded after the file is in place: a conversion killed before leaves no record, so the next converts again.
+    with staged_save(path / ONE_FILE_SOURCE) as staged:
+        staged.write_text(json.dumps(source, indent=1))
+    return False
 
 
 def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:

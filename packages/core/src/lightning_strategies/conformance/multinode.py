@@ -271,6 +271,13 @@ def two_node_problems(strategy: str, workdir: Path, checkpoint_files: Sequence[s
     return problems + resume_problems(saving, resuming, saved_step=3)
 
 
+# Layout changes a four-GPU machine checks: two nodes of two GPUs resumed on one node of two, and back.
+FOUR_GPU_LAYOUT_CHANGES = {
+    "2x2-then-1x2": (Layout.on_gpus(2, 2), Layout.on_gpus(1, 2)),
+    "1x2-then-2x2": (Layout.on_gpus(1, 2), Layout.on_gpus(2, 2)),
+}
+
+
 def layout_change_problems(
     strategy: str, workdir: Path, saved_on: Layout, resumed_on: Layout, accelerator: str = "cuda"
 ) -> list[str]:
