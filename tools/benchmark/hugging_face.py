@@ -5,9 +5,15 @@ with ``from_pretrained`` from a local folder (``--write-pretrained`` makes one o
     python -m tools.benchmark.hugging_face --size 8b --strategy fsdp --devices 4 --out results.jsonl
     python -m tools.benchmark.hugging_face --size 8b --strategy lightning:fsdp ...      # Lightning's built-in
     python -m tools.benchmark.hugging_face --size 8b --write-pretrained /tmp/llama-8b  # then --pretrained it
+    python -m tools.benchmark.hugging_face --size 8b --strategy fsdp --compile ...      # each decoder layer compiled
 
-Rank 0 appends one JSON record to ``--out`` with the device, versions, date and commit (``BENCHMARK_COMMIT`` where
-the checkout has no git, or a copy of it carries another commit's git metadata).
+Rank 0 appends one JSON record to ``--out`` with the device, versions, date and commit (``BENCHMARK_GIT_COMMIT``
+where the checkout has no git, or a copy of it carries another commit's git metadata).
+
+``--compile`` compiles each decoder layer in ``configure_model``, before the strategy shards it, and trains without
+Hugging Face's key-value cache: with the cache (``use_cache``, on by default in training too) each layer reads its
+own ``layer_idx``, so every layer compiles once more (one graph per layer; past dynamo's recompile limit, 8, the
+rest run uncompiled), where without it one graph serves all. ``--no-cache`` alone is the baseline to compare with.
 """
 
 from __future__ import annotations
@@ -59,10 +65,14 @@ class Tokens(Dataset):
 
 
 class Llama(LightningModule):
-    def __init__(self, size: str, pretrained: str | None, optimizer: str, batch: int, length: int, steps: int) -> None:
+    def __init__(
+        self, size: str, pretrained: str | None, optimizer: str, batch: int, length: int, steps: int,
+        compile_layers: bool = False, use_cache: bool = True,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.size, self.pretrained, self.optimizer_name = size, pretrained, optimizer
         self.batch, self.length, self.steps = batch, length, steps
+        self.compile_layers, self.use_cache = compile_layers, use_cache
         self.model: Any = None
         self.parameters_whole = 0
         self.flops_per_token = 0
@@ -81,9 +91,12 @@ class Llama(LightningModule):
         # up, Gemini's chunks and FSDP1's flat shards leave the module's parameters empty or partial.
         self.parameters_whole = sum(whole_numel(parameter) for parameter in self.model.parameters())
         self.flops_per_token = flops_per_token(self.model, self.length)
+        if self.compile_layers:  # compiled when first called; sharded by the strategy before that
+            for layer in self.model.model.layers:
+                layer.compile()
 
     def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
-        return self.model(input_ids=batch, labels=batch).loss
+        return self.model(input_ids=batch, labels=batch, use_cache=self.use_cache).loss
 
     def configure_optimizers(self) -> Any:
         if self.optimizer_name == "hybrid":
@@ -225,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
         "--cold", action="store_true", help="drop --pretrained's files from the page cache first: a read from disk"
     )
     parser.add_argument("--write-pretrained", help="write a folder of random weights of --size there, and stop")
+    parser.add_argument("--compile", action="store_true", help="compile each decoder layer; implies --no-cache")
+    parser.add_argument("--no-cache", action="store_true", help="train without Hugging Face's key-value cache")
     parser.add_argument("--out", default="hugging_face.jsonl")
     arguments = parser.parse_args(argv)
     if arguments.write_pretrained:
@@ -251,7 +266,10 @@ def main(argv: list[str] | None = None) -> None:
         optimizer = "hybrid"
     elif "deepspeed" in arguments.strategy and "offload" in arguments.strategy:
         optimizer = "deepspeed_cpu_adam"
-    module = Llama(arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps)
+    module = Llama(
+        arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps,
+        compile_layers=arguments.compile, use_cache=not (arguments.no_cache or arguments.compile),
+    )  # fmt: skip
     trainer = Trainer(
         strategy=strategy_for(arguments.strategy, arguments.options), accelerator=arguments.accelerator,
         devices=arguments.devices,
@@ -282,11 +300,9 @@ def record(
     peak = measure.peak_bf16_flops(measure.device_name(device)) if device.type == "cuda" else None
     throughput = tokens / seconds if seconds else None
     facts = environment.collect()
-    # The commit given, where the checkout's own git metadata may be another's (a copy of a working tree).
-    facts["git_commit"] = os.environ.get("BENCHMARK_COMMIT") or facts.get("git_commit")
     result = {
         "strategy": arguments.strategy, "options": arguments.options, "size": arguments.size,
-        "steps": arguments.steps,
+        "steps": arguments.steps, "compiled_layers": arguments.compile, "use_cache": module.use_cache,
         "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",
         "page_cache": ("evicted" if arguments.evicted else "as found") if arguments.pretrained else None,
