@@ -75,6 +75,9 @@ class _Strategy:  # one process: what one_file_for asks of a strategy
     def broadcast(self, obj: object) -> object:
         return obj
 
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return decision
+
 
 def _write_whole(source: str, destination: str, weights_only: bool | None) -> None:
     torch.save({"state_dict": {"w": torch.ones(1)}, "optimizer_states": [{}], "from": str(source)}, destination)
@@ -165,8 +168,22 @@ def test_a_rank_that_does_not_see_the_converted_file_says_so(tmp_path: Path) -> 
         def broadcast(self, obj: object) -> object:  # what rank 0 answered: (the file to load, no failure)
             return str(folder / ONE_FILE_NAME), None
 
-    with pytest.raises(CheckpointError, match=r"one shared file system.*lightning-strategies convert"):
+    with pytest.raises(CheckpointError, match=r"this process does not see it.*one shared file system.*convert"):
         one_file_for(folder, OtherNode())
+
+
+def test_rank_zero_is_told_when_another_node_does_not_see_the_converted_file(tmp_path: Path) -> None:
+    """Rank 0 sees what it wrote; it must stop too, or it would go on into collectives the other node never joins."""
+    folder = tmp_path / "sharded.ckpt"
+    folder.mkdir()
+
+    class AnotherNodeBlind(_Strategy):
+        def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+            assert decision and all  # this process sees it; the other's False wins
+            return False
+
+    with _convertible(folder, "_write_whole"), pytest.raises(CheckpointError, match=r"a process on another node"):
+        one_file_for(folder, AnotherNodeBlind())
 
 
 def test_work_of_rank_zero_reaches_every_rank_and_so_does_its_failure() -> None:
@@ -197,6 +214,12 @@ def test_work_of_rank_zero_reaches_every_rank_and_so_does_its_failure() -> None:
         on_rank_zero(_Strategy(), unreadable)
     with pytest.raises(CheckpointError, match=r"^read on rank 0: shard 1 is unreadable$"):  # a caller's own words
         on_rank_zero(_Strategy(), unreadable, lambda error: f"read on rank 0: {error}")
+
+    def broken_words(error: Exception) -> str:
+        raise KeyError("no such setting")
+
+    with pytest.raises(CheckpointError, match=r"^OSError: shard 1 is unreadable$"):  # still reaches every rank
+        on_rank_zero(_Strategy(), unreadable, broken_words)
 
 
 def test_a_scratch_folder_left_by_a_killed_conversion_is_removed_by_the_next(tmp_path: Path) -> None:

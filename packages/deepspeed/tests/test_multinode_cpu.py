@@ -4,7 +4,8 @@ a SLURM job asked to requeue (SIGUSR1) saves its hpc checkpoint whole and ``ckpt
 The SLURM check runs two tasks (one per "node") with the variables srun would set. SLURM itself is
 absent here, so the ``scontrol`` Lightning calls to requeue is a stand-in that records its arguments
 (see lightning_strategies.conformance.multinode); training, checkpoints and the signal are real.
-The last test is the GPU tier's (-m gpu): the same two-node run with one GPU per node.
+The last tests are the GPU tier's (-m gpu): the same two-node run with one GPU per node, and two nodes of two GPUs
+resumed on one node of two and back.
 """
 
 from __future__ import annotations

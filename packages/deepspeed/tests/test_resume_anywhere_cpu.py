@@ -194,7 +194,10 @@ def test_the_universal_form_written_later_leaves_the_one_file_form_current(one_p
     shutil.copytree(folder / "deepspeed_stage_2.ckpt", copy)
     universal = converted_path(locate(copy))
     shutil.move(universal, tmp_path / "universal")  # as saved: no universal form yet
-    one_process_strategy = SimpleNamespace(is_global_zero=True, broadcast=lambda obj: obj)  # what one_file_for asks
+    # What one_file_for asks of a strategy, for one process.
+    one_process_strategy = SimpleNamespace(
+        is_global_zero=True, broadcast=lambda obj: obj, reduce_boolean_decision=lambda decision, all=True: decision
+    )
     one_file = Path(one_file_for(copy, one_process_strategy))
     written = one_file.stat().st_mtime_ns
     shutil.copytree(tmp_path / "universal", universal)  # now written

@@ -78,7 +78,7 @@ def universal_form(strategy: Any, checkpoint: Any, full: str | Path, weights_onl
             return str(target)
 
         target = on_rank_zero(strategy, write, failure)
-        check_seen(Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
+        check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
         rank_zero_info(
             f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
             f"{target} and removed after (weights, Adam moments and steps, schedulers and loop state carried)."

@@ -284,8 +284,8 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         checkpoint_path = self._recover_checkpoint(checkpoint_path)
         if self.load_full_weights:
             return self._load_full_weights_file(checkpoint_path, weights_only)
-        # Decided by rank 0 for all: a node that does not see the path follows it, and is told so, rather than
-        # leaving the others in a collective of a load they take and it does not.
+        # Decided by rank 0 for all: a node that does not see the path takes the same load as the others, where every
+        # rank is told that it does not see what rank 0 converts (check_seen), instead of taking another load alone.
         if self.lightning_module is not None and on_rank_zero(self, lambda: foreign.is_foreign(checkpoint_path)):
             return self._load_foreign(checkpoint_path, weights_only)
         location, layout = checkpoints.inspect(checkpoint_path, weights_only)

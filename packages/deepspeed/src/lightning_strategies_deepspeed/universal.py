@@ -85,6 +85,7 @@ def resume_anywhere(
     workers = min(os.cpu_count() or 1, max(1, int(getattr(strategy, "num_processes", 1) or 1)))
     done = on_rank_zero(strategy, lambda: _convert_once(location, target, workers, weights_only), failure)
     check_seen(
+        strategy,
         target.joinpath("latest_universal"),
         f"the universal form of {location.directory}",
         f"`python -m lightning_strategies_deepspeed.convert --universal {location.directory} OUTPUT`",

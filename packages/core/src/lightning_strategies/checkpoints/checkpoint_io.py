@@ -107,7 +107,8 @@ def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, nat
     target = on_rank_zero(strategy, lambda: _one_file_on_rank_zero(Path(path), name, weights_only, native))
     if target is None:
         return path
-    check_seen(target, f"the one-file form of {path}", f"`lightning-strategies convert {path} full.ckpt --to full`")
+    by_hand = f"`lightning-strategies convert {path} full.ckpt --to full`"
+    check_seen(strategy, target, f"the one-file form of {path}", by_hand)
     return target
 
 

@@ -43,7 +43,8 @@ class NodeRun:
     outputs: list[str] = field(default_factory=list)
 
     def rank_reports(self) -> list[dict[str, Any]]:
-        files = sorted(self.report.glob("report.rank*.json"))
+        found = self.report.glob("report.rank*.json")  # ordered by rank as a number: rank10 comes after rank9
+        files = sorted(found, key=lambda file: int(file.stem.removeprefix("report.rank")))
         return [json.loads(file.read_text()) for file in files]
 
     def weights(self, moment: str) -> dict[str, Any]:
@@ -231,8 +232,8 @@ def staging_leftovers(root: Path) -> list[Path]:
 
 
 def resume_problems(saving: NodeRun, resuming: NodeRun, saved_step: int, ranks: int = 2) -> list[str]:
-    """What is wrong with a resume: each of its ``ranks`` must start at ``saved_step`` with the saved weights, and
-    train on."""
+    """What is wrong with a resume: each of its ``ranks`` must start at ``saved_step`` and train on, and the weights
+    gathered on rank 0 at the start must be the saved ones."""
     problems = []
     reports = resuming.rank_reports()
     if len(reports) != ranks:
@@ -279,10 +280,16 @@ FOUR_GPU_LAYOUT_CHANGES = {
 
 
 def layout_change_problems(
-    strategy: str, workdir: Path, saved_on: Layout, resumed_on: Layout, accelerator: str = "cuda"
+    strategy: str,
+    workdir: Path,
+    saved_on: Layout,
+    resumed_on: Layout,
+    accelerator: str = "cuda",
+    checkpoint_files: Sequence[str] = (),
 ) -> list[str]:
     """Train and save laid out as ``saved_on``, resume as ``resumed_on`` (another number of nodes or processes) by
-    ``ckpt_path`` alone: what went wrong, nothing when all is right."""
+    ``ckpt_path`` alone: what went wrong, nothing when all is right. ``checkpoint_files``: paths inside a checkpoint
+    folder that every saving process's share must appear as."""
     saving, resuming, checkpoint = save_and_resume(strategy, workdir, saved_on, resumed_on, accelerator)
     problems = []
     for layout, run in ((saved_on, saving), (resumed_on, resuming)):
@@ -292,7 +299,10 @@ def layout_change_problems(
             problems.append(f"ranks seen (node, local rank, world size): {seen}, not {expected}")
     if not checkpoint.exists():
         problems.append(f"nothing saved at {checkpoint}")
-    problems += [f"left in staging: {path}" for path in staging_leftovers(checkpoint.parent)]
+    problems += [f"{name} missing from the checkpoint" for name in checkpoint_files if not (checkpoint / name).exists()]
+    # A conversion on resume (DeepSpeed's universal form) stages inside the checkpoint folder.
+    staged = staging_leftovers(checkpoint.parent) + (staging_leftovers(checkpoint) if checkpoint.is_dir() else [])
+    problems += [f"left in staging: {path}" for path in staged]
     return problems + resume_problems(saving, resuming, saved_step=3, ranks=resumed_on.ranks)
 
 
