@@ -103,7 +103,9 @@ def install_package(session: nox.Session, folder: Path, dependency_set: list[str
     no_deps = settings.get("install", {}).get("no-deps", [])
     if no_deps:
         install(session, "--no-deps", *no_deps, env=env)
-    install(session, str(PACKAGES / "core"), str(folder), env=env)
+    # Sibling packages the tests read checkpoints of (another strategy's folders): installed from the checkout too.
+    siblings = [str(PACKAGES / name) for name in settings.get("install", {}).get("with-packages", [])]
+    install(session, str(PACKAGES / "core"), str(folder), *siblings, env=env)
 
 
 def run_tests(session: nox.Session, folder: Path, settings: dict, runner: str, *extra: str, **options) -> None:
