@@ -35,3 +35,19 @@ def test_fabric_checkpoint_exports(tmp_path: Path) -> None:
     case = conformance.Case("llama", "pretrained")
     conformance.launch("deepspeed_stage_3", tmp_path, [case], face="fabric", env=EXTRA, unset=UNSET)
     assert conformance.check_fabric_results(tmp_path, [case]) == {case.name: []}
+
+
+def test_a_llama_fine_tuned_under_fsdp_goes_on_under_zero3(tmp_path: Path) -> None:
+    """Issue 29 with a model nobody here wrote: a Llama read with from_pretrained and fine-tuned under fsdp (its DCP
+    folder saved at step 16), resumed by ckpt_path alone under deepspeed_stage_3, goes on as fsdp's own resume of that
+    folder does: the same weights, AdamW moments and steps (carried by parameter name), the same losses. The reference
+    is fsdp's resume rather than an uninterrupted run: a fit resumed from what on_train_end saves at an epoch's last
+    step takes that epoch's first batch once more (Lightning's loop, under ddp too)."""
+    pytest.importorskip("lightning_strategies_fsdp")
+    whole, half = conformance.Case("llama", "pretrained", steps=24), conformance.Case("llama", "pretrained", steps=16)
+    conformance.launch("fsdp", tmp_path / "half", [half], env=EXTRA, unset=UNSET)
+    saved = tmp_path / "half" / half.name / "last.ckpt"
+    assert (saved / ".metadata").is_file()  # a DCP folder
+    for strategy in ("fsdp", "deepspeed_stage_3"):
+        conformance.launch(strategy, tmp_path / strategy, [whole], resume_from=saved, env=EXTRA, unset=UNSET)
+    assert conformance.resumed_problems(tmp_path / "fsdp", tmp_path / "deepspeed_stage_3", whole, saved_step=16) == []

@@ -249,6 +249,20 @@ class HuggingFaceModule(TransformersModule):
         self.build()
 
 
+class ResumedModule(HuggingFaceModule):
+    """Records the step a fit resumed at, in place of the checkpoints a fit from the start saves."""
+
+    resumed_at: int | None = None
+
+    @override
+    def on_train_start(self) -> None:
+        self.resumed_at = self.trainer.global_step
+
+    @override
+    def on_train_end(self) -> None:
+        pass
+
+
 def _make_optimizer(name: str, model: torch.nn.Module, learning_rate: float) -> torch.optim.Optimizer:
     """The optimizer ``name`` (``optimizer_for``) over the trainable parameters of ``model``."""
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
@@ -318,6 +332,22 @@ def run(
     return result
 
 
+def run_resumed(
+    case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path, checkpoint: str
+) -> dict[str, Any]:
+    """Fit on from ``checkpoint`` (saved by any strategy) up to ``case.steps``, by ``ckpt_path`` alone; the step it
+    resumed at and the losses after it, as rank 0 saw them."""
+    seed_everything(0, verbose=False)
+    pretrained = str(folder / "pretrained" / case.family) if case.mode != "config" else None
+    module = ResumedModule(case, pretrained, optimizer=optimizer_for(strategy))
+    trainer = Trainer(
+        strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
+        use_distributed_sampler=False, default_root_dir=folder / case.name, **QUIET_TRAINER,
+    )  # fmt: skip
+    trainer.fit(module, ckpt_path=checkpoint)
+    return {"case": asdict(case), "losses": module.losses, "resumed_at": module.resumed_at}
+
+
 def run_fabric(
     case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path
 ) -> dict[str, Any]:
@@ -365,11 +395,13 @@ def launch(
     precision: str = "32-true",
     hook: str = "configure_model",
     face: str = "trainer",
+    resume_from: Path | None = None,
     **options: Any,
 ) -> Path:
     """Write the pretrained checkpoints ``cases`` need into ``folder``, then run every case in one launch of this
     module (whose Trainer starts the other ranks); ``options`` go to ``testing.run_script`` (``env``, ``unset``).
-    Returns ``folder``, for ``check_results``."""
+    With ``resume_from``, each case fits on from that checkpoint instead (``run_resumed``). Returns ``folder``, for
+    ``check_results`` or ``read_results``."""
     from lightning_strategies.testing import run_script
 
     for family in sorted({case.family for case in cases if case.mode != "config"}):
@@ -377,7 +409,8 @@ def launch(
     run_script(
         "-m", __name__, "--strategy", strategy, "--folder", folder, "--cases", ",".join(case.name for case in cases),
         "--accelerator", accelerator, "--devices", str(devices), "--precision", precision, "--hook", hook,
-        "--face", face, timeout=1200, **options,
+        "--face", face, "--steps", ",".join(str(case.steps) for case in cases),
+        *(("--resume-from", resume_from) if resume_from else ()), timeout=1200, **options,
     )  # fmt: skip
     return folder
 
@@ -392,15 +425,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", required=True, help="holds pretrained/<family>; each case writes <case>/ here")
     parser.add_argument("--hook", choices=("configure_model", "configure_sharded_model"), default="configure_model")
     parser.add_argument("--face", choices=("trainer", "fabric"), default="trainer")
+    parser.add_argument("--steps", required=True, help="each case's training steps, comma separated")
+    parser.add_argument("--resume-from", help="a checkpoint every case fits on from (ckpt_path), up to its steps")
     arguments = parser.parse_args(argv)
     folder = Path(arguments.folder)
     results: list[dict[str, Any]] = []
-    for name in arguments.cases.split(","):
+    for name, steps in zip(arguments.cases.split(","), arguments.steps.split(","), strict=True):
         family, mode = name.rsplit("-", 1)
-        case = Case(family, mode)
+        case = Case(family, mode, int(steps))
         try:
             common = (case, arguments.strategy, arguments.accelerator, arguments.devices, arguments.precision, folder)
-            if arguments.face == "fabric":
+            if arguments.resume_from:
+                results.append(run_resumed(*common, arguments.resume_from))
+            elif arguments.face == "fabric":
                 results.append(run_fabric(*common))
             else:
                 results.append(run(*common, arguments.hook))
@@ -570,6 +607,28 @@ def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float
     if torch.allclose(exported, trained, atol=atol):
         return []
     return [f"the exported model predicts {(exported - trained).abs().max().item():.2e} away from the trained one"]
+
+
+def resumed_problems(reference: Path, resumed: Path, case: Case, saved_step: int, rtol: float = 1e-5) -> list[str]:
+    """What is wrong with a run of ``case`` that fit on from a checkpoint saved at ``saved_step`` (the folder of
+    ``launch(resume_from=...)``): it must start at that step and follow the losses of the reference run of ``case``
+    (another launch's folder: a run from the start, or one resumed from the same checkpoint) within ``rtol``."""
+    found = {}
+    for label, folder in (("reference", reference), ("resumed", resumed)):
+        runs = [run for run in _read(folder) if Case(**run["case"]) == case]
+        if not runs or "error" in runs[0]:
+            return [f"the {label} run of {case.name} did not finish: {runs[0]['error'] if runs else 'no result'}"]
+        found[label] = runs[0]
+    if found["resumed"]["resumed_at"] != saved_step:
+        return [f"resumed at step {found['resumed']['resumed_at']}, not at the saved step {saved_step}"]
+    reference_start = found["reference"].get("resumed_at") or 0
+    expected, seen = found["reference"]["losses"][saved_step - reference_start :], found["resumed"]["losses"]
+    if len(seen) != len(expected):
+        return [f"{len(seen)} steps after resuming where the reference run took {len(expected)}"]
+    differences = [abs(a - b) / abs(a) for a, b in zip(seen, expected, strict=True)]
+    if max(differences, default=0.0) > rtol:
+        return [f"losses after resuming {seen} left the reference run's {expected} (up to {max(differences):.2g})"]
+    return []
 
 
 def _read(folder: Path) -> list[dict[str, Any]]:
