@@ -182,7 +182,7 @@ def test_rank_zero_is_told_when_another_node_does_not_see_the_converted_file(tmp
             assert decision and all  # this process sees it; the other's False wins
             return False
 
-    with _convertible(folder, "_write_whole"), pytest.raises(CheckpointError, match=r"a process on another node"):
+    with _convertible(folder, "_write_whole"), pytest.raises(CheckpointError, match=r"another process does not see it"):
         one_file_for(folder, AnotherNodeBlind())
 
 

@@ -98,7 +98,9 @@ def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, nat
     ``to_full_checkpoint``: FSDP2's DCP folders, DeepSpeed's ZeRO folders), that file, written by global rank 0
     into the folder as ``full.ckpt`` and reused by later resumes while the folder's files are those it was converted
     from (``full.ckpt.source.json`` records their sizes and times).
-    Called on every rank together: rank 0 decides and converts, the others follow its answer (``on_rank_zero``).
+    Called on every rank together, with a strategy that has ``is_global_zero``, ``broadcast`` and
+    ``reduce_boolean_decision``: rank 0 decides and converts, the others follow its answer (``on_rank_zero``), and
+    all check together that each sees the file (``check_seen``).
     Folders of the layouts whose keys are in ``native`` (those the strategy reads itself: "dcp" for the fsdp
     strategies) and folders no package converts are returned as they are."""
     if not is_local(path):

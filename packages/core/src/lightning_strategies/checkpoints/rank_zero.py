@@ -47,7 +47,7 @@ def check_seen(strategy: Any, path: str | Path, what: str, by_hand: str) -> None
     the command that converts it where each node sees it. ``strategy`` gives ``reduce_boolean_decision``."""
     seen_here = Path(path).exists()
     if not strategy.reduce_boolean_decision(seen_here, all=True):
-        where = "this process does not" if not seen_here else "a process on another node does not"
+        where = "this process does not" if not seen_here else "another process does not"
         raise CheckpointError(
             f"Rank 0 wrote {what} at {path}, but {where} see it there: every node must see the checkpoint on one "
             f"shared file system. Convert it where each node sees it ({by_hand}) and resume from what that writes."

@@ -111,8 +111,9 @@ def _run_basic_tier(report: CheckReport, directory: Path, timeout: float) -> Non
         "--precision", report.precision, "--workdir", str(directory), "--report", report_prefix,
     ]  # fmt: skip
     report.returncode, report.output = _run(command, timeout)
-    for rank_file in sorted(directory.glob("report.rank*.json")):
-        rank = rank_file.name.removeprefix("report.rank").removesuffix(".json")
+    rank_files = directory.glob("report.rank*.json")  # ordered by rank as a number: rank10 comes after rank9
+    for rank_file in sorted(rank_files, key=lambda file: int(file.stem.removeprefix("report.rank"))):
+        rank = rank_file.stem.removeprefix("report.rank")
         for result in json.loads(rank_file.read_text()):
             if report.devices > 1:
                 result["check"] = f"{result['check']} [rank {rank}]"

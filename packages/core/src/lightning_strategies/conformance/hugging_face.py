@@ -4,8 +4,10 @@ a Hugging Face folder.
 
 Run by every rank of one process group (``python -m lightning_strategies.conformance.hugging_face``, launched once;
 the Trainer starts the other ranks). Several cases run one after another in the same processes, each with a new
-Trainer, so one launch pays for the imports and the rendezvous. Rank 0 writes what it saw to ``--out``; the checks
-against a model built eagerly by plain ``transformers`` in one process are ``check_results``, run by the caller.
+Trainer, so one launch pays for the imports and the rendezvous. Rank 0 writes what it saw to ``results.json`` in
+``--folder``; the checks against a model built eagerly by plain ``transformers`` in one process are
+``check_results``, run by the caller. With ``--resume-from``, each case fits on from that checkpoint of any strategy
+instead, and ``resumed_problems`` compares it with a reference run.
 
 Models are tiny versions of each family (vocabulary 128, width 64, two layers): real ``transformers`` classes, with
 their own initialisation, tied embeddings (GPT-2), key prefixes (BERT) and rotary buffers (Llama, Qwen, Mistral).
@@ -45,6 +47,7 @@ __all__ = [
     "initialisation_problems",
     "launch",
     "optimizer_for",
+    "resumed_problems",
     "tiny_config",
     "write_pretrained",
 ]
@@ -401,7 +404,7 @@ def launch(
     """Write the pretrained checkpoints ``cases`` need into ``folder``, then run every case in one launch of this
     module (whose Trainer starts the other ranks); ``options`` go to ``testing.run_script`` (``env``, ``unset``).
     With ``resume_from``, each case fits on from that checkpoint instead (``run_resumed``). Returns ``folder``, for
-    ``check_results`` or ``read_results``."""
+    ``check_results`` or ``resumed_problems``."""
     from lightning_strategies.testing import run_script
 
     for family in sorted({case.family for case in cases if case.mode != "config"}):
@@ -425,14 +428,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", required=True, help="holds pretrained/<family>; each case writes <case>/ here")
     parser.add_argument("--hook", choices=("configure_model", "configure_sharded_model"), default="configure_model")
     parser.add_argument("--face", choices=("trainer", "fabric"), default="trainer")
-    parser.add_argument("--steps", required=True, help="each case's training steps, comma separated")
+    parser.add_argument("--steps", help=f"each case's training steps, comma separated (default: {Case.steps} each)")
     parser.add_argument("--resume-from", help="a checkpoint every case fits on from (ckpt_path), up to its steps")
     arguments = parser.parse_args(argv)
+    if arguments.resume_from and arguments.face == "fabric":
+        parser.error("--resume-from resumes through the Trainer's fit(ckpt_path=...): it takes --face trainer")
     folder = Path(arguments.folder)
+    names = arguments.cases.split(",")
+    steps = arguments.steps.split(",") if arguments.steps else [str(Case.steps)] * len(names)
+    if len(steps) != len(names):
+        parser.error(f"--steps gives {len(steps)} step counts for {len(names)} cases: give one per case")
     results: list[dict[str, Any]] = []
-    for name, steps in zip(arguments.cases.split(","), arguments.steps.split(","), strict=True):
+    for name, count in zip(names, steps, strict=True):
         family, mode = name.rsplit("-", 1)
-        case = Case(family, mode, int(steps))
+        case = Case(family, mode, int(count))
         try:
             common = (case, arguments.strategy, arguments.accelerator, arguments.devices, arguments.precision, folder)
             if arguments.resume_from:
