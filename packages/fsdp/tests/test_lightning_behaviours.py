@@ -45,6 +45,16 @@ def test_mixed_precision_config_is_kept_and_read_as_a_policy(strategy_class: typ
 
 
 @BOTH
+def test_mixed_precision_dtypes_given_by_name(strategy_class: type) -> None:
+    """A YAML config or a JSON option cannot write torch.bfloat16: the policy's dtypes are also read by name."""
+    strategy = strategy_class(mixed_precision={"param_dtype": "bfloat16", "reduce_dtype": "torch.float32"})
+    assert strategy.mixed_precision_config.param_dtype == torch.bfloat16
+    assert strategy.mixed_precision_config.reduce_dtype == torch.float32
+    message = error_of(lambda: strategy_class(mixed_precision={"reduce_dtype": "bf16"}))
+    assert "'bf16' is not a torch dtype" in message and "'bfloat16'" in message
+
+
+@BOTH
 def test_cpu_offload_from_a_flag_or_a_config(strategy_class: type) -> None:
     """pytorch::test_strategy_cpu_offload, fabric::test_cpu_offload"""
     assert strategy_class(cpu_offload=True).cpu_offload == CPUOffload(offload_params=True)

@@ -235,7 +235,7 @@ def parse_mixed_precision(value: Any) -> MixedPrecisionPolicy | None:
             raise ValueError(
                 f"{STRATEGY}(mixed_precision={value!r}) has unknown keys {unknown}. Allowed: {', '.join(allowed)}."
             )
-        return MixedPrecisionPolicy(**value)
+        return MixedPrecisionPolicy(**{name: _dtype_named(name, given) for name, given in value.items()})
     if dataclasses.is_dataclass(value) and hasattr(value, "param_dtype") and hasattr(value, "buffer_dtype"):
         defaults = {field.name: field.default for field in dataclasses.fields(value)}
         for name, reason in _FSDP1_MIXED_PRECISION_IGNORED.items():
@@ -251,6 +251,20 @@ def parse_mixed_precision(value: Any) -> MixedPrecisionPolicy | None:
         f"{STRATEGY}(mixed_precision={value!r}) must be a torch.distributed.fsdp.MixedPrecisionPolicy, "
         f"a torch.distributed.fsdp.MixedPrecision or a dict, not {type(value).__name__}."
     )
+
+
+def _dtype_named(field: str, given: Any) -> Any:
+    """A policy field's value, with a dtype given by name ("bfloat16", as a YAML config or ``--options`` writes it)
+    read as the torch dtype."""
+    if not (field.endswith("_dtype") and isinstance(given, str)):
+        return given
+    dtype = getattr(torch, given.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(
+            f"{STRATEGY}(mixed_precision={{{field!r}: {given!r}}}): {given!r} is not a torch dtype. "
+            "Give a name such as 'bfloat16', 'float16' or 'float32'."
+        )
+    return dtype
 
 
 def parse_device_mesh(value: Any) -> Any:
