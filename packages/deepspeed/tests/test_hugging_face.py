@@ -4,6 +4,7 @@ Hugging Face folder."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,25 @@ def test_a_llama_fine_tuned_under_fsdp_goes_on_under_zero3(tmp_path: Path) -> No
     for strategy in ("fsdp", "deepspeed_stage_3"):
         conformance.launch(strategy, tmp_path / strategy, [whole], resume_from=saved, env=EXTRA, unset=UNSET)
     assert conformance.resumed_problems(tmp_path / "fsdp", tmp_path / "deepspeed_stage_3", whole, saved_step=16) == []
+
+
+def test_compiled_layers_are_warned_of_under_zero3() -> None:
+    """Compiled decoder layers recompile layer after layer under ZeRO-3's hooks: the user is told before training."""
+    import torch
+    import transformers
+
+    from lightning_strategies_deepspeed.partitioned_models import warn_compiled_modules
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_compiled_modules(model)  # nothing compiled, nothing said
+    for layer in model.model.layers:
+        layer.compile()
+    with pytest.warns(UserWarning, match=r"2 module\(s\) of the model are compiled \('model.layers.0' first\)"):
+        warn_compiled_modules(model)
+    with pytest.warns(UserWarning, match="under the fsdp names"):
+        warn_compiled_modules(torch.nn.Sequential(torch.compile(torch.nn.Linear(2, 2))))

@@ -38,7 +38,7 @@ from lightning_strategies_deepspeed.backend import begin_run, check_accelerator,
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
-from lightning_strategies_deepspeed.partitioned_models import finish_partitioned_models
+from lightning_strategies_deepspeed.partitioned_models import finish_partitioned_models, warn_compiled_modules
 
 # The precision flags DeepSpeed trains with, and the dtype each casts inputs (and, for "-true", the module) to.
 DTYPES = {
@@ -299,10 +299,11 @@ class DeepSpeedBody(LightningAttributesMixin):
 
     def _finish_partitioned_models(self: _ParallelStrategy, module: torch.nn.Module) -> None:
         """The ``transformers`` models built partitioned get Hugging Face's initialisation and their pretrained
-        weights, before the engine takes them (``partitioned_models``)."""
+        weights, before the engine takes them (``partitioned_models``); compiled modules are warned of."""
         if self.zero_stage_3:
             deepspeed = import_deepspeed(self.root_device.type)
             finish_partitioned_models(module, deepspeed, self.global_rank, self.root_device)
+            warn_compiled_modules(module)
 
     @contextmanager
     def _partitioned_init(self: _ParallelStrategy, config: dict[str, Any]) -> Iterator[None]:
