@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_strategies.conformance.launching import fresh_launch_environment
+from lightning_strategies.conformance.launching import fresh_launch_environment, rank_report_files
 
 __all__ = [
     "TIERS",
@@ -111,8 +111,7 @@ def _run_basic_tier(report: CheckReport, directory: Path, timeout: float) -> Non
         "--precision", report.precision, "--workdir", str(directory), "--report", report_prefix,
     ]  # fmt: skip
     report.returncode, report.output = _run(command, timeout)
-    rank_files = directory.glob("report.rank*.json")  # ordered by rank as a number: rank10 comes after rank9
-    for rank_file in sorted(rank_files, key=lambda file: int(file.stem.removeprefix("report.rank"))):
+    for rank_file in rank_report_files(directory):
         rank = rank_file.stem.removeprefix("report.rank")
         for result in json.loads(rank_file.read_text()):
             if report.devices > 1:

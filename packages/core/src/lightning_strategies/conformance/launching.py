@@ -1,4 +1,5 @@
-"""The environment for launching a fresh group of ranks from a process that may have trained before.
+"""The environment for launching a fresh group of ranks from a process that may have trained before, and the
+reports its ranks write.
 
 Lightning writes the rendezvous of a run into ``os.environ`` (``MASTER_PORT`` and friends) and
 keeps the process group, with its store listening on that port, until the process exits. A child
@@ -12,8 +13,9 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ["end_process_group", "fresh_launch_environment"]
+__all__ = ["end_process_group", "fresh_launch_environment", "rank_report_files"]
 
 # Set by Lightning's launchers and torchrun for one run; never meaningful to a new group of ranks.
 RENDEZVOUS_VARIABLES = (
@@ -52,3 +54,8 @@ def end_process_group() -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def rank_report_files(folder: Path) -> list[Path]:
+    """The ``report.rank<N>.json`` files in ``folder``, ordered by rank as a number: rank10 comes after rank9."""
+    return sorted(folder.glob("report.rank*.json"), key=lambda file: int(file.stem.removeprefix("report.rank")))

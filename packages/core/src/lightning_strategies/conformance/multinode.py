@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_strategies.conformance.launching import fresh_launch_environment
+from lightning_strategies.conformance.launching import fresh_launch_environment, rank_report_files
 from lightning_strategies.testing import free_port
 
 PROGRAM = "lightning_strategies.conformance.multinode_training"
@@ -43,9 +43,7 @@ class NodeRun:
     outputs: list[str] = field(default_factory=list)
 
     def rank_reports(self) -> list[dict[str, Any]]:
-        found = self.report.glob("report.rank*.json")  # ordered by rank as a number: rank10 comes after rank9
-        files = sorted(found, key=lambda file: int(file.stem.removeprefix("report.rank")))
-        return [json.loads(file.read_text()) for file in files]
+        return [json.loads(file.read_text()) for file in rank_report_files(self.report)]
 
     def weights(self, moment: str) -> dict[str, Any]:
         """Rank 0's full weights at ``moment``: "start" (after any resume) or "saved" (as the checkpoint holds them)."""
@@ -176,9 +174,9 @@ def save_and_resume(
     (another number of nodes or of processes, or both) up to ``steps[1]``, by ``ckpt_path`` alone."""
     root = workdir / "root"
     checkpoint = root / "saved.ckpt"
-    save = [*training_arguments(strategy, root, workdir / "save", steps[0], accelerator, saving_layout)]
+    save = training_arguments(strategy, root, workdir / "save", steps[0], accelerator, saving_layout)
     saving = launch_torchrun_nodes([*save, "--save-to", str(checkpoint)], workdir / "save", saving_layout, timeout)
-    resume = [*training_arguments(strategy, root, workdir / "resume", steps[1], accelerator, resuming_layout)]
+    resume = training_arguments(strategy, root, workdir / "resume", steps[1], accelerator, resuming_layout)
     resuming = launch_torchrun_nodes(
         [*resume, "--ckpt-path", str(checkpoint)], workdir / "resume", resuming_layout, timeout
     )
@@ -267,8 +265,7 @@ def two_node_problems(strategy: str, workdir: Path, checkpoint_files: Sequence[s
         problems.append(f"ranks seen (environment, node rank, local rank): {ranks}, not one per torchrun node")
     if [rank["world_size"] for rank in saving.rank_reports()] != [2, 2]:
         problems.append("the world size was not 2 on both nodes")
-    problems += [f"{name} missing from the checkpoint" for name in checkpoint_files if not (checkpoint / name).exists()]
-    problems += [f"left in staging: {path}" for path in staging_leftovers(checkpoint.parent)]
+    problems += _checkpoint_problems(checkpoint, checkpoint_files)
     return problems + resume_problems(saving, resuming, saved_step=3)
 
 
@@ -299,10 +296,7 @@ def layout_change_problems(
             problems.append(f"ranks seen (node, local rank, world size): {seen}, not {expected}")
     if not checkpoint.exists():
         problems.append(f"nothing saved at {checkpoint}")
-    problems += [f"{name} missing from the checkpoint" for name in checkpoint_files if not (checkpoint / name).exists()]
-    # A conversion on resume (DeepSpeed's universal form) stages inside the checkpoint folder.
-    staged = staging_leftovers(checkpoint.parent) + (staging_leftovers(checkpoint) if checkpoint.is_dir() else [])
-    problems += [f"left in staging: {path}" for path in staged]
+    problems += _checkpoint_problems(checkpoint, checkpoint_files)
     return problems + resume_problems(saving, resuming, saved_step=3, ranks=resumed_on.ranks)
 
 
@@ -321,10 +315,16 @@ def slurm_requeue_problems(strategy: str, workdir: Path, checkpoint_files: Seque
     names = [path.name for path in outcome.hpc_checkpoints]
     if names != ["hpc_ckpt_1.ckpt"]:
         return [*problems, f"hpc checkpoints: {names}, not one hpc_ckpt_1.ckpt"]
-    folder = outcome.hpc_checkpoints[0]
-    problems += [f"{name} missing from {folder.name}" for name in checkpoint_files if not (folder / name).exists()]
-    problems += [f"left in staging: {path}" for path in staging_leftovers(outcome.root)]
+    problems += _checkpoint_problems(outcome.hpc_checkpoints[0], checkpoint_files)
     return problems + resume_problems(outcome.signalled, outcome.resumed, saved_step=3)
+
+
+def _checkpoint_problems(checkpoint: Path, checkpoint_files: Sequence[str]) -> list[str]:
+    """The ``checkpoint_files`` missing from ``checkpoint``, and whatever was left in staging beside it or inside it
+    (a conversion on resume, DeepSpeed's universal form, stages inside the checkpoint folder)."""
+    problems = [f"{name} missing from {checkpoint}" for name in checkpoint_files if not (checkpoint / name).exists()]
+    staged = staging_leftovers(checkpoint.parent) + (staging_leftovers(checkpoint) if checkpoint.is_dir() else [])
+    return problems + [f"left in staging: {path}" for path in staged]
 
 
 def _run_together(
