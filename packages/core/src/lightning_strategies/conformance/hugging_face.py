@@ -160,7 +160,7 @@ class TransformersModule(LightningModule):
     """A ``transformers`` model built as the case says (``build``), trained with AdamW or, for Gemini, HybridAdam."""
 
     def __init__(
-        self, case: Case, pretrained: str | None, learning_rate: float = 1e-3, optimizer: str = "adamw"
+        self, case: Case, pretrained: str | Path | None, learning_rate: float = 1e-3, optimizer: str = "adamw"
     ) -> None:
         super().__init__()
         self.case = case
@@ -305,7 +305,7 @@ def run(
     from lightning_strategies import hugging_face
 
     seed_everything(0, verbose=False)
-    pretrained = str(folder / "pretrained" / case.family) if case.mode != "config" else None
+    pretrained = _pretrained_folder(case, folder)
     module_class = SeedExampleModule if hook == "configure_sharded_model" else HuggingFaceModule
     # Adapters of rank 8 on a few projections move the model slowly: they get the larger step LoRA recipes use.
     module = module_class(
@@ -313,10 +313,7 @@ def run(
         optimizer=optimizer_for(strategy),
     )  # fmt: skip
     speed = SpeedMonitor(peak_flops=1e12)  # counts the model's FLOPs as the strategy holds it, sharded or not
-    trainer = Trainer(
-        strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
-        use_distributed_sampler=False, default_root_dir=folder / case.name, callbacks=[speed], **QUIET_TRAINER,
-    )  # fmt: skip
+    trainer = _case_trainer(case, strategy, accelerator, devices, precision, folder, callbacks=[speed])
     before: Any = trainer.predict(module)
     trainer.fit(module)
     after: Any = trainer.predict(module)
@@ -341,14 +338,25 @@ def run_resumed(
     """Fit on from ``checkpoint`` (saved by any strategy) up to ``case.steps``, by ``ckpt_path`` alone; the step it
     resumed at and the losses after it, as rank 0 saw them."""
     seed_everything(0, verbose=False)
-    pretrained = str(folder / "pretrained" / case.family) if case.mode != "config" else None
-    module = ResumedModule(case, pretrained, optimizer=optimizer_for(strategy))
-    trainer = Trainer(
-        strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
-        use_distributed_sampler=False, default_root_dir=folder / case.name, **QUIET_TRAINER,
-    )  # fmt: skip
+    module = ResumedModule(case, _pretrained_folder(case, folder), optimizer=optimizer_for(strategy))
+    trainer = _case_trainer(case, strategy, accelerator, devices, precision, folder)
     trainer.fit(module, ckpt_path=checkpoint)
     return {"case": asdict(case), "losses": module.losses, "resumed_at": module.resumed_at}
+
+
+def _pretrained_folder(case: Case, folder: Path) -> Path | None:
+    """Where ``write_pretrained`` put the case's family, for the cases that start from pretrained weights."""
+    return folder / "pretrained" / case.family if case.mode != "config" else None
+
+
+def _case_trainer(
+    case: Case, strategy: str, accelerator: str, devices: int, precision: Any, folder: Path, **extra: Any
+) -> Trainer:
+    """The Trainer a case fits with, ``case.steps`` long, in its own folder."""
+    return Trainer(
+        strategy=strategy, accelerator=accelerator, devices=devices, precision=precision, max_steps=case.steps,
+        use_distributed_sampler=False, default_root_dir=folder / case.name, **QUIET_TRAINER, **extra,
+    )  # fmt: skip
 
 
 def run_fabric(
@@ -363,7 +371,7 @@ def run_fabric(
     fabric = Fabric(strategy=strategy, accelerator=accelerator, devices=devices, precision=precision)
     fabric.launch()
     fabric.seed_everything(0)
-    pretrained = folder / "pretrained" / case.family if case.mode != "config" else None
+    pretrained = _pretrained_folder(case, folder)
     model = eager_model(case.family, pretrained).train()
     model, optimizer = fabric.setup(model, _make_optimizer(optimizer_for(strategy), model, learning_rate=1e-3))
     sequences = data(case.family, 8 * case.steps, seed=2 + fabric.global_rank).tensors[0]
@@ -522,7 +530,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
     for case, result, problems in _cases_that_ran(folder, cases, report):
         losses = result["losses"]
         logits = torch.load(folder / case.name / "logits.pt", weights_only=True)
-        pretrained = None if case.mode == "config" else folder / "pretrained" / case.family
+        pretrained = _pretrained_folder(case, folder)
         if case.mode != "lora":
             initial = eager_model(case.family, folder / case.name / "initial-exported").state_dict()
             reference = eager_model(case.family, pretrained).state_dict()
@@ -605,7 +613,7 @@ def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float
     """What is wrong (nothing: empty) with the case's exported folder ``<folder>/<case>/last-exported``: it must predict
     ``trained``, the trained model's predictions, within ``atol``."""
     exported_folder = folder / case.name / "last-exported"
-    pretrained = None if case.mode == "config" else folder / "pretrained" / case.family
+    pretrained = _pretrained_folder(case, folder)
     if case.mode == "lora":  # the adapter alone, loaded onto the model it was trained on
         import peft
 
