@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -265,6 +266,27 @@ def test_param_groups_of_another_adam_take_the_saved_values_of_the_keys_this_one
     with pytest.raises(CheckpointError, match=r"trains \[1\] parameters by param group and this run's \[2\]"):
         adopted_param_groups(saved, two)
     assert adopted_param_groups(saved, two, check_sizes=False)[0]["params"] == ["w"]  # one process's share: unchecked
+
+
+def test_saved_settings_the_resuming_optimizer_lacks_are_warned_of_where_they_change_training():
+    from lightning_strategies.checkpoints import adopted_param_groups
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    adamw = [{**group, "params": ["w"]} for group in torch.optim.AdamW([weight], lr=0.5).state_dict()["param_groups"]]
+    # A HybridAdam group: no amsgrad, maximize, decoupled_weight_decay, foreach, fused (ColossalAI's CPUAdam keys).
+    hybrid = [{"params": [weight], "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+               "bias_correction": True}]  # fmt: skip
+    with pytest.warns(UserWarning, match=r"built with decoupled_weight_decay=True, which this run's optimizer has no"):
+        adopted_param_groups(adamw, hybrid)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # HybridAdam(adamw_mode=True) decays as AdamW does; amsgrad=False and torch's foreach/fused change nothing.
+        adopted_param_groups(adamw, hybrid, held_outside_groups={"decoupled_weight_decay": True})
+        # HybridAdam's bias_correction=True is what torch's Adam always does.
+        adopted_param_groups([{**hybrid[0], "params": ["w"]}], torch.optim.Adam([weight]).param_groups)
+    with pytest.warns(UserWarning, match=r"amsgrad=True, decoupled_weight_decay=True"):
+        amsgrad = [{**group, "amsgrad": True} for group in adamw]
+        adopted_param_groups(amsgrad, hybrid)
 
 
 def test_positions_of_a_weight_decay_split_are_not_named_after_the_state_dict():

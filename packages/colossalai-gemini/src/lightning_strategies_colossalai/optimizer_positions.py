@@ -22,9 +22,12 @@ def for_gemini(optimizer_state: Mapping[str, Any], gemini_optimizer: Any, module
     """``optimizer_state`` (torch's layout, keyed by position or by name) as ``gemini_optimizer.load_state_dict``
     takes it, for the parameters of ``module`` that it trains."""
     # Gemini's own groups hold this process's share of the parameters; it numbers all of them in id_to_real_params.
+    # HybridAdam decays weights as AdamW does by an attribute of its own, not a param group key.
+    hybrid_adam = gemini_optimizer.optim
     saved_groups = adopted_param_groups(
-        optimizer_state.get("param_groups") or [], gemini_optimizer.optim.param_groups, check_sizes=False
-    )
+        optimizer_state.get("param_groups") or [], hybrid_adam.param_groups, check_sizes=False,
+        held_outside_groups={"decoupled_weight_decay": bool(getattr(hybrid_adam, "adamw_mode", False))},
+    )  # fmt: skip
     keys = [key for group in saved_groups for key in group.get("params", [])]
     position = _positions_by_name(gemini_optimizer, module) if any(isinstance(key, str) for key in keys) else {}
     if len(keys) != len(gemini_optimizer.id_to_real_params):

@@ -13,7 +13,7 @@ the positions) where it does not hold.
 Param groups differ between the Adam-family optimizers that resume one another's states (HybridAdam, which
 ColossalAI requires, has ``bias_correction``; torch's Adam has ``foreach``, ``fused``, ...), and torch's loaders
 refuse a key they do not have: ``adopted_param_groups`` takes the saved values of the keys the resuming optimizer
-has.
+has, and warns of the saved settings it drops that change how the run trains.
 """
 
 from __future__ import annotations
@@ -22,8 +22,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_warn
 
 from lightning_strategies.errors import CheckpointError
+
+# Saved settings that choose how torch computes a step, not what it computes: dropped without a word.
+_IMPLEMENTATION_KEYS = frozenset({"foreach", "fused", "capturable", "differentiable"})
+# Saved settings that every optimizer taking Adam's moments applies anyway: HybridAdam's bias_correction=True is what
+# torch's Adam and AdamW always do.
+_ALWAYS_APPLIED = {"bias_correction": True}
 
 
 def keyed_by_name(
@@ -58,12 +65,19 @@ def keyed_by_name(
 
 
 def adopted_param_groups(
-    saved_groups: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]], check_sizes: bool = True
+    saved_groups: Sequence[Mapping[str, Any]],
+    groups: Sequence[Mapping[str, Any]],
+    check_sizes: bool = True,
+    held_outside_groups: Mapping[str, Any] | None = None,
 ) -> list[dict]:
     """``saved_groups`` for an optimizer whose own param groups are ``groups``: each with the saved ``params`` and
     the saved values of the hyperparameters the optimizer has, its own values for those it has and the saved run's
     optimizer had not. With ``check_sizes`` (where ``groups`` hold all their parameters, not one process's share),
-    each saved group must list as many parameters as the optimizer's: a loader would leave the others untrained."""
+    each saved group must list as many parameters as the optimizer's: a loader would leave the others untrained.
+
+    A saved setting the optimizer has no key for is dropped, with a warning where it was on (``amsgrad=True``,
+    AdamW's ``decoupled_weight_decay=True``) unless ``held_outside_groups`` says the optimizer does the same by an
+    attribute of its own (HybridAdam's ``adamw_mode`` as ``{"decoupled_weight_decay": True}``)."""
     if len(saved_groups) != len(groups):
         raise CheckpointError(
             f"The checkpoint's optimizer has {len(saved_groups)} param group(s) and this run's {len(groups)}: "
@@ -77,6 +91,7 @@ def adopted_param_groups(
             f"The checkpoint's optimizer trains {[saved for saved, _ in sizes]} parameters by param group and this "
             f"run's {[own for _, own in sizes]}: resume with the model and configure_optimizers that saved it."
         )
+    _warn_of_dropped_settings(saved_groups, groups, held_outside_groups or {})
     return [
         {
             **{key: value for key, value in group.items() if key != "params"},
@@ -85,3 +100,23 @@ def adopted_param_groups(
         }
         for saved, group in zip(saved_groups, groups, strict=True)
     ]
+
+
+def _warn_of_dropped_settings(
+    saved_groups: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]], held: Mapping[str, Any]
+) -> None:
+    dropped = {
+        key: value
+        for saved, group in zip(saved_groups, groups, strict=True)
+        for key, value in saved.items()
+        if key not in group and key != "params" and key not in _IMPLEMENTATION_KEYS and value
+        and {**_ALWAYS_APPLIED, **held}.get(key, not value) != value
+    }  # fmt: skip
+    if dropped:
+        settings = ", ".join(f"{key}={value!r}" for key, value in sorted(dropped.items()))
+        rank_zero_warn(
+            f"The checkpoint's optimizer was built with {settings}, which this run's optimizer has no setting for: "
+            "it trains on without them. Build the optimizer the saved run had (the same class and settings) to "
+            "train as it did.",
+            category=UserWarning,
+        )
