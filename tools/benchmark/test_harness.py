@@ -449,3 +449,40 @@ def test_two_nodes_are_predicted_with_each_nodes_host_memory() -> None:
     # The same four processes sharding the same model: equal GPU peaks, and each node's host holds two of them.
     assert per_node["gpu_peak_gib"] == whole["gpu_peak_gib"]
     assert per_node["host_peak_gib"] < whole["host_peak_gib"]
+
+
+def test_hugging_face_suite_runs_rounds_and_its_page_gives_medians(tmp_path: Path) -> None:
+    """A tiny Llama through fsdp on two CPU processes, two rounds: two records, one row of two runs, a plot."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    from tools.benchmark import hugging_face_suite as suite
+
+    suite.main([
+        "run", "--size", "tiny", "--devices", "2", "--accelerator", "cpu", "--precision", "32-true", "--batch", "2",
+        "--length", "32", "--steps", "4", "--repeats", "2", "--only", "fsdp", "--timeout", "300",
+        "--out", str(tmp_path),
+    ])  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "hugging-face-tiny.jsonl").read_text().splitlines()]
+    assert [record["tokens_per_second"] > 0 for record in records] == [True, True]
+    assert not (tmp_path / "failures.jsonl").exists()
+    (row,) = suite.rows(records)
+    assert (row["configuration"], row["runs"], row["devices"]) == ("fsdp", 2, 2)
+    assert row["lowest"] <= row["median"] <= row["highest"]
+    text = suite.page([tmp_path / "hugging-face-tiny.jsonl"], tmp_path / "page.md")
+    assert f"| fsdp | 2 | 2 | {row['median']:,.0f} |" in text
+    assert (tmp_path / "page.png").stat().st_size > 0
+
+
+def test_hugging_face_page_gives_the_medians_the_docs_state() -> None:
+    """The 8B compile table in docs/hugging-face.md comes from its record: three runs of each fsdp configuration."""
+    from tools.benchmark import hugging_face_suite as suite
+
+    record = REPOSITORY / "docs" / "results" / "2026-11-28-h200x4-hugging-face-8b-compile.jsonl"
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    table = {row["configuration"]: row for row in suite.rows(records)}
+    assert (table["fsdp"]["runs"], table["fsdp"]["median"]) == (3, 35531)
+    assert (table["fsdp compiled"]["runs"], table["fsdp compiled"]["median"]) == (3, 42750)
+    assert (
+        table["fsdp compiled, bf16 reduce"]["median"],
+        round(100 * table["fsdp compiled, bf16 reduce"]["mfu"], 1),
+    ) == (44399, 54.1)
