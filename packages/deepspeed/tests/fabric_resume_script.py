@@ -1,7 +1,8 @@
 """Fabric: a DeepSpeed checkpoint saved on one number of processes and loaded on another (issue 29, item 1).
 
 ``save`` trains 2 x STEPS Adam steps and saves after the first STEPS; ``resume`` loads that checkpoint (on
-another number of processes) and trains the last STEPS. Every rank fits the same batch, so the global batch is
+another number of processes, or saved by another strategy) and trains the last STEPS; ``resume-weights`` loads the
+model and the step alone, and trains on with a fresh optimizer. Every rank fits the same batch, so the global batch is
 the same at every world size. Rank 0 writes the losses and counters as JSON.
 """
 
@@ -29,10 +30,14 @@ def run(strategy: str, devices: int, mode: str, checkpoint: str, out: str) -> No
     state = {"model": model, "optimizer": optimizer, "step": 0}
     if mode == "resume":
         fabric.load(checkpoint, state)
+    elif mode == "resume-weights":
+        weights_and_step = {"model": model, "step": 0}
+        fabric.load(checkpoint, weights_and_step)
+        state["step"] = weights_and_step["step"]
     generator = torch.Generator().manual_seed(0)
     inputs, targets = torch.randn(8, 16, generator=generator), torch.randn(8, 4, generator=generator)
     losses = []
-    for _ in range(STEPS if mode == "resume" else 2 * STEPS):
+    for _ in range(2 * STEPS if mode == "save" else STEPS):
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         fabric.backward(loss)
         optimizer.step()
@@ -42,10 +47,9 @@ def run(strategy: str, devices: int, mode: str, checkpoint: str, out: str) -> No
         if mode == "save" and state["step"] == STEPS:
             fabric.save(checkpoint, state)
     if fabric.global_rank == 0:
+        engine_steps = getattr(getattr(fabric.strategy, "model", None), "global_steps", None)  # DeepSpeed's
         with open(out, "w") as file:
-            json.dump(
-                {"losses": losses, "step": state["step"], "engine_steps": fabric.strategy.model.global_steps}, file
-            )
+            json.dump({"losses": losses, "step": state["step"], "engine_steps": engine_steps}, file)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
-"""Issue 29, item 1 with Fabric: fabric.load of a ZeRO-1, -2 or -3 checkpoint saved on 2 processes, on 1
-process, continues the uninterrupted 2-process run (fabric_resume_script.py; the same conversion as the
-Trainer's, see test_resume_anywhere_cpu.py)."""
+"""Issue 29 with Fabric: fabric.load of a ZeRO-1, -2 or -3 checkpoint saved on 2 processes, on 1 process, continues
+the uninterrupted 2-process run (item 1), and so does a checkpoint ddp saved, under deepspeed_stage_3 (item 2)
+(fabric_resume_script.py; the same conversions as the Trainer's, see test_resume_anywhere_cpu.py and
+test_cross_strategy_cpu.py)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,29 @@ def test_fabric_load_on_another_number_of_processes_continues_the_run(reports, n
     # count (bias correction) restored.
     assert resumed["losses"] == pytest.approx(uninterrupted["losses"][STEPS:], rel=TOLERANCE, abs=TOLERANCE)
     assert (reports["folder"] / f"{name}.ckpt" / "checkpoint-universal" / "latest_universal").is_file()
+
+
+def test_fabric_load_of_what_ddp_saved_goes_on_under_zero3(tmp_path):
+    """ddp's fabric.save (torch's Adam states by position) loads under deepspeed_stage_3 with its Adam moments and
+    the user's step, through a universal form written for the load and removed after; or its weights alone."""
+    checkpoint = str(tmp_path / "ddp.ckpt")
+    _launch(
+        [{"strategy": "ddp", "devices": 2, "mode": "save", "checkpoint": checkpoint, "out": str(tmp_path / "ddp.json")}]
+    )
+    resumes = [{"strategy": "deepspeed_stage_3", "devices": 2, "mode": mode, "checkpoint": checkpoint} for mode in
+               ("resume", "resume-weights")]  # fmt: skip
+    _launch([{**resume, "out": str(tmp_path / f"{resume['mode']}.json")} for resume in resumes])
+    uninterrupted, resumed, weights_alone = (
+        json.loads((tmp_path / f"{name}.json").read_text()) for name in ("ddp", "resume", "resume-weights")
+    )
+    assert resumed["step"] == weights_alone["step"] == 2 * STEPS
+    assert resumed["losses"] == pytest.approx(uninterrupted["losses"][STEPS:], rel=1e-5, abs=1e-6)
+    # The same weights give the same first loss; a fresh Adam then takes other steps.
+    assert weights_alone["losses"][0] == pytest.approx(uninterrupted["losses"][STEPS], rel=1e-5, abs=1e-6)
+    assert weights_alone["losses"][1:] != pytest.approx(uninterrupted["losses"][STEPS + 1 :], rel=1e-5, abs=1e-6)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "ddp.ckpt",
+        "ddp.json",
+        "resume-weights.json",
+        "resume.json",
+    ]

@@ -24,12 +24,12 @@ from torch.nn import Module
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_strategies import constructor_for
-from lightning_strategies.checkpoints import weights_only_keyword
+from lightning_strategies import CheckpointError, constructor_for
+from lightning_strategies.checkpoints import load_file, on_rank_zero, one_file_for, weights_only_keyword
 from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models, without_record
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
-from lightning_strategies_deepspeed import universal
+from lightning_strategies_deepspeed import foreign, universal
 from lightning_strategies_deepspeed.body import DTYPES, DeepSpeedBody, check_full_weights_path
 
 
@@ -234,26 +234,72 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
                 "state={'model': model, ...}). With Fabric: fabric.load(path, {'model': model, 'optimizer': "
                 "optimizer, ...})."
             )
+        # Decided by rank 0 for all, as under the Trainer: a node that does not see the path takes the same load.
+        if on_rank_zero(self, lambda: foreign.is_foreign(path)):
+            return self._load_foreign(path, state, strict, weights_only)
         # The path is checked before the state, as by Lightning's strategy, so the same mistake gets the same error.
         location, layout = checkpoints.inspect(path, weights_only)
         engine = _single_engine(state, "load")
-        wants_optimizer = any(
-            isinstance(value, Optimizer) or _is_deepspeed_optimizer(value) for value in state.values()
-        )
+        wants_optimizer = bool(_optimizer_keys(state))
         location, layout = universal.resume_anywhere(self, location, layout, wants_optimizer, weights_only)
         client_state = checkpoints.load_into_engine(
             engine, location, layout, self.world_size,
             load_optimizer_states=wants_optimizer, weights_only=weights_only, strict=strict,
         )  # fmt: skip
-        for key in list(state):
-            if key in client_state and not isinstance(state[key], (Module, Optimizer)):
-                value = client_state.pop(key)
-                if hasattr(state[key], "load_state_dict") and isinstance(value, dict):
-                    state[key].load_state_dict(value)
-                else:
-                    state[key] = value
-        remainder = {key: value for key, value in client_state.items() if key not in ("optimizer", "lr_scheduler")}
-        return without_record(remainder, state)
+        return _restored(state, client_state)
+
+    def _load_foreign(
+        self, path: Any, state: dict[str, Any], strict: bool, weights_only: bool | None
+    ) -> dict[str, Any]:
+        """What another strategy's ``fabric.save`` wrote (``foreign``), in its one-file form: the weights and
+        optimizer states through DeepSpeed's universal layout where ``state`` holds an optimizer, else the weights."""
+        full = one_file_for(path, self, weights_only)
+        engine = _single_engine(state, "load")
+        model_key = next(key for key, value in state.items() if value is engine)
+        optimizer_keys = _optimizer_keys(state)
+        if not optimizer_keys:
+            saved = load_file(full, weights_only, map_location="cpu", mmap=True)
+            weights = foreign.saved_entry(saved, model_key)
+            if self.zero_stage_3:
+                checkpoints.load_into_partitioned_module(engine.module, weights, strict, self.is_global_zero)
+            else:
+                engine.module.load_state_dict(weights, strict=strict)
+            refresh_fp32_params = getattr(engine.optimizer, "refresh_fp32_params", None)
+            if refresh_fp32_params is not None:
+                refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
+            return _restored(state, {key: value for key, value in saved.items() if key != model_key})
+        (optimizer_key,) = optimizer_keys  # one engine, one optimizer: _single_engine refused more
+        if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only, optimizer_key)):
+            raise CheckpointError(
+                f"{path} holds no optimizer state under {optimizer_key!r}, so the optimizer would start afresh. To "
+                f"agree, load without it: fabric.load(path, {{{model_key!r}: model}}); to go on with the saved run's "
+                "optimizer, load a checkpoint saved with it."
+            )
+        with foreign.universal_form(self, path, full, weights_only, (model_key, optimizer_key)) as target:
+            location, layout = checkpoints.inspect(target, weights_only)
+            client_state = checkpoints.load_into_engine(
+                engine, location, layout, self.world_size,
+                load_optimizer_states=True, weights_only=weights_only, strict=strict,
+            )  # fmt: skip
+        return _restored(state, client_state)
+
+
+def _optimizer_keys(state: dict[str, Any]) -> list[str]:
+    return [key for key, value in state.items() if isinstance(value, Optimizer) or _is_deepspeed_optimizer(value)]
+
+
+def _restored(state: dict[str, Any], client_state: dict[str, Any]) -> dict[str, Any]:
+    """Put what was saved under the keys of ``state`` that are not the model or optimizer into ``state``; return the
+    entries of ``client_state`` that ``state`` did not ask for, as Fabric's load returns them."""
+    for key in list(state):
+        if key in client_state and not isinstance(state[key], (Module, Optimizer)):
+            value = client_state.pop(key)
+            if hasattr(state[key], "load_state_dict") and isinstance(value, dict):
+                state[key].load_state_dict(value)
+            else:
+                state[key] = value
+    remainder = {key: value for key, value in client_state.items() if key not in ("optimizer", "lr_scheduler")}
+    return without_record(remainder, state)
 
 
 # Fabric checks for its DeepSpeed strategy by class in backward (which engine a loss belongs to), in

@@ -14,6 +14,9 @@ inside the folder (core's ``one_file_for``).
   to agree to a fresh optimizer.
 - Otherwise (validate, test, predict; a fit without an optimizer): its weights load as with
   ``load_full_weights=True``.
+
+Fabric's ``load`` takes the same, saved by ``fabric.save`` under another strategy: the file holds the user's keys
+(``{"model": ..., "optimizer": ...}``), read in the Trainer's layout (``as_trainer_layout``) for the conversion.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from lightning_strategies.checkpoints import (
     scratch_folder,
 )
 from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
-from lightning_strategies_deepspeed.from_full import from_full_checkpoint
+from lightning_strategies_deepspeed.from_full import from_full_checkpoint, universal_from_full
 
 
 def is_foreign(path: Any) -> bool:
@@ -47,17 +50,42 @@ def is_foreign(path: Any) -> bool:
     return found is not None and found != DEEPSPEED and (found == FILE or bool(found.to_full_checkpoint))
 
 
-def holds_optimizer_states(path: str | Path, weights_only: bool | None) -> bool:
+def holds_optimizer_states(path: str | Path, weights_only: bool | None, key: str = "optimizer_states") -> bool:
     # Mapped, not read: only the pickled structure is looked at.
     checkpoint = load_file(path, weights_only, map_location="cpu", mmap=True)
-    return isinstance(checkpoint, dict) and bool(checkpoint.get("optimizer_states"))
+    return isinstance(checkpoint, dict) and bool(checkpoint.get(key))
+
+
+def as_trainer_layout(saved: dict[str, Any], model_key: str, optimizer_key: str) -> dict[str, Any]:
+    """A checkpoint ``fabric.save`` wrote, its model's weights under ``model_key`` and its optimizer's state under
+    ``optimizer_key``, in the Trainer's layout (``state_dict``, ``optimizer_states``); its other entries as they are."""
+    weights, optimizer = saved_entry(saved, model_key), saved_entry(saved, optimizer_key)
+    rest = {key: value for key, value in saved.items() if key not in (model_key, optimizer_key)}
+    return {**rest, "state_dict": weights, "optimizer_states": [optimizer]}
+
+
+def saved_entry(saved: Any, key: str) -> Any:
+    """What ``fabric.save`` wrote under ``key``, or a refusal naming the keys it did write."""
+    if not isinstance(saved, dict) or key not in saved:
+        found = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
+        raise CheckpointError(
+            f"The checkpoint has no {key!r} entry (it holds {found}): load it with the keys it was saved with, "
+            "fabric.load(path, {KEY: model, ...}) with KEY as saved."
+        )
+    return saved[key]
 
 
 @contextmanager
-def universal_form(strategy: Any, checkpoint: Any, full: str | Path, weights_only: bool | None) -> Iterator[Path]:
+def universal_form(
+    strategy: Any,
+    checkpoint: Any,
+    full: str | Path,
+    weights_only: bool | None,
+    fabric_keys: tuple[str, str] | None = None,
+) -> Iterator[Path]:
     """The universal form of the full checkpoint file ``full`` (``checkpoint`` itself, or its one-file form inside
     it), written by global rank 0 beside ``checkpoint`` for the block, in which every rank loads it. Called on every
-    rank together."""
+    rank together. ``fabric_keys``: the model's and the optimizer's keys of a file ``fabric.save`` wrote."""
     full = Path(full)
     by_hand = f"`lightning-strategies convert {full} OUT --to deepspeed`"
 
@@ -74,14 +102,18 @@ def universal_form(strategy: Any, checkpoint: Any, full: str | Path, weights_onl
 
         def write() -> str:
             target = stack.enter_context(scratch_folder(Path(checkpoint).parent)) / "universal"
-            from_full_checkpoint(full, target, weights_only)
+            if fabric_keys is None:
+                from_full_checkpoint(full, target, weights_only)
+            else:
+                saved = load_file(full, weights_only, map_location="cpu", mmap=True)
+                universal_from_full(as_trainer_layout(saved, *fabric_keys), full, target)
             return str(target)
 
         target = on_rank_zero(strategy, write, failure)
         check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
         rank_zero_info(
             f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
-            f"{target} and removed after (weights, Adam moments and steps, schedulers and loop state carried)."
+            f"{target} and removed after (weights, Adam moments and steps, and the rest of what was saved, carried)."
         )
         yield Path(target)
         strategy.barrier()  # every rank has read it before rank 0 removes it

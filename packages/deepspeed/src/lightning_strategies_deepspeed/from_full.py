@@ -47,6 +47,12 @@ def from_full_checkpoint(
     source, destination = Path(source), Path(destination)
     # Mapped, not read: each tensor is written out from the file's pages, so host memory need not hold the model.
     checkpoint = load_file(source, weights_only, map_location="cpu", mmap=True)
+    return universal_from_full(checkpoint, source, destination)
+
+
+def universal_from_full(checkpoint: Any, source: Path, destination: Path) -> Path:
+    """``from_full_checkpoint`` of a full checkpoint already read (mapped) from ``source``: the Trainer's layout,
+    ``state_dict`` and ``optimizer_states`` beside the rest."""
     state_dict = checkpoint.get("state_dict") if isinstance(checkpoint, dict) else None
     if not isinstance(state_dict, dict) or not state_dict:
         raise CheckpointError(f"{source} has no 'state_dict' entry, so it is no Trainer checkpoint of a model.")
