@@ -287,6 +287,22 @@ def test_saved_settings_the_resuming_optimizer_lacks_are_warned_of_where_they_ch
     with pytest.warns(UserWarning, match=r"amsgrad=True, decoupled_weight_decay=True"):
         amsgrad = [{**group, "amsgrad": True} for group in adamw]
         adopted_param_groups(amsgrad, hybrid)
+    # Adam's L2 decay resumed by HybridAdam(adamw_mode=True), which decays decoupled: a change, said.
+    adam = [
+        {**group, "params": ["w"]}
+        for group in torch.optim.Adam([weight], weight_decay=0.1).state_dict()["param_groups"]
+    ]
+    with pytest.warns(UserWarning, match=r"built with decoupled_weight_decay=False"):
+        adopted_param_groups(adam, hybrid, held_outside_groups={"decoupled_weight_decay": True})
+    # HybridAdam without bias correction resumed by torch's Adam, which always corrects.
+    with pytest.warns(UserWarning, match=r"built with bias_correction=False"):
+        adopted_param_groups(
+            [{**hybrid[0], "bias_correction": False, "params": ["w"]}], torch.optim.Adam([weight]).param_groups
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # Without weight decay, how it would be applied changes nothing.
+        adopted_param_groups([{**group, "weight_decay": 0.0} for group in adamw], hybrid)
 
 
 def test_positions_of_a_weight_decay_split_are_not_named_after_the_state_dict():

@@ -307,7 +307,10 @@ def reshard(model: nn.Module) -> None:
 def load_full_optimizer_state(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
     state = name_keyed_optimizer_state(with_state_entry(state), model, optimizer)
     # Another Adam-family optimizer's groups (ColossalAI's HybridAdam) hold keys torch's loader refuses.
-    state = {**state, "param_groups": adopted_param_groups(state.get("param_groups") or [], optimizer.param_groups)}
+    # torch's AdamW decays decoupled whether or not its groups say so (the key is torch 2.6's).
+    held = {"decoupled_weight_decay": True} if isinstance(optimizer, torch.optim.AdamW) else None
+    groups = adopted_param_groups(state.get("param_groups") or [], optimizer.param_groups, held_outside_groups=held)
+    state = {**state, "param_groups": groups}
     # torch distributes a full optimizer state onto the shards on the device of the optimizer's own tensor
     # states. An optimizer that keeps none (plain SGD) gives it no device ("Expected device to be set"), and
     # has nothing to distribute either: its hyperparameters load as they are.

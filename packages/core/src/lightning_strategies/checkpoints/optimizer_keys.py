@@ -105,18 +105,25 @@ def adopted_param_groups(
 def _warn_of_dropped_settings(
     saved_groups: Sequence[Mapping[str, Any]], groups: Sequence[Mapping[str, Any]], held: Mapping[str, Any]
 ) -> None:
+    # An optimizer without a setting behaves as if it were off, unless it always applies it or holds it elsewhere.
+    behaves = {**_ALWAYS_APPLIED, **held}
     dropped = {
         key: value
         for saved, group in zip(saved_groups, groups, strict=True)
         for key, value in saved.items()
-        if key not in group and key != "params" and key not in _IMPLEMENTATION_KEYS and value
-        and {**_ALWAYS_APPLIED, **held}.get(key, not value) != value
+        if key not in group and key != "params" and key not in _IMPLEMENTATION_KEYS
+        and behaves.get(key, False) != value and not _moot(key, saved)
     }  # fmt: skip
     if dropped:
         settings = ", ".join(f"{key}={value!r}" for key, value in sorted(dropped.items()))
         rank_zero_warn(
             f"The checkpoint's optimizer was built with {settings}, which this run's optimizer has no setting for: "
-            "it trains on without them. Build the optimizer the saved run had (the same class and settings) to "
-            "train as it did.",
+            "it trains on as its own settings say. Build the optimizer the saved run had (the same class and "
+            "settings) to train as it did.",
             category=UserWarning,
         )
+
+
+def _moot(key: str, saved: Mapping[str, Any]) -> bool:
+    """Whether a dropped setting changes nothing: how weight decay is applied, where there is none."""
+    return key == "decoupled_weight_decay" and not saved.get("weight_decay")
