@@ -59,10 +59,10 @@ def run(arguments: argparse.Namespace) -> None:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     records = out / f"hugging-face-{arguments.size}.jsonl"
-    chosen = arguments.only.split(",") if arguments.only else list(CONFIGURATIONS)
+    chosen = [name.strip() for name in arguments.only.split(";")] if arguments.only else list(CONFIGURATIONS)
     unknown = [name for name in chosen if name not in CONFIGURATIONS]
     if unknown:
-        sys.exit(f"--only names {unknown}, which are not configurations: pick from {list(CONFIGURATIONS)}")
+        sys.exit(f"--only names {unknown}, which are not configurations: pick from {'; '.join(CONFIGURATIONS)}")
     common = [
         "--size", arguments.size, "--devices", str(arguments.devices), "--accelerator", arguments.accelerator,
         "--precision", arguments.precision, "--batch", str(arguments.batch), "--length", str(arguments.length),
@@ -125,7 +125,7 @@ def page(paths: list[Path], out: Path) -> str:
         "",
         f"{first['device']} x {first['device_count']}, CUDA {first['cuda']}, driver {first['driver']}, Python "
         f"{first['python']}; {versions}. {first['precision']}, {first['tokens_per_step'] // first['devices']} tokens "
-        f"per GPU and step, {first['steps']} steps (timed from the third). Dates: "
+        f"per GPU and step, {first['steps']} steps (timed from the fourth). Dates: "
         f"{', '.join(sorted({record['date'] for record in records}))}; commits: "
         f"{', '.join(sorted({record['git_commit'] or 'unknown' for record in records}))}. MFU against the dense "
         "16-bit peak.",
@@ -137,13 +137,13 @@ def page(paths: list[Path], out: Path) -> str:
     table = rows(records)
     for row in table:
         median, lowest, highest, mfu = row["median"], row["lowest"], row["highest"], row["mfu"]
-        speed = f"{median:,.0f} | {lowest:,} to {highest:,}" if median is not None else "failed | "
+        speed = f"{median:,.0f} | {lowest:,} to {highest:,}" if median is not None else "not timed | "
         lines.append(
             f"| {row['configuration']} | {row['devices']} | {row['runs']} | {speed} | "
             f"{f'{100 * mfu:.1f}%' if mfu is not None else ''} | {row['setup_seconds']:.1f} | "
             f"{row['gpu_reserved_gib']} GiB | {row['rank_host_gib']} GiB |"
         )
-    failures = out.parent / "failures.jsonl"
+    failures = paths[0].parent / "failures.jsonl"  # beside the records, where `run` notes them
     if failures.exists():
         lines += ["", "Runs that did not finish:", ""]
         for line in failures.read_text().splitlines():
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     runner.add_argument("--steps", type=int, default=10)
     runner.add_argument("--repeats", type=int, default=3)
     runner.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
-    runner.add_argument("--only", help=f"configurations, comma-separated, of: {', '.join(CONFIGURATIONS)}")
+    runner.add_argument("--only", help=f"configurations, separated by ';', of: {'; '.join(CONFIGURATIONS)}")
     runner.add_argument("--out", required=True, help="a folder for the records, failures and logs")
     writer = commands.add_parser("page", help="write the page of records")
     writer.add_argument("records", nargs="+", type=Path)

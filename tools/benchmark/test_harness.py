@@ -474,7 +474,7 @@ def test_hugging_face_suite_runs_rounds_and_its_page_gives_medians(tmp_path: Pat
 
 
 def test_hugging_face_page_gives_the_medians_the_docs_state() -> None:
-    """The 8B compile table in docs/hugging-face.md comes from its record: three runs of each fsdp configuration."""
+    """The medians docs/hugging-face.md and benchmarks.md state for the 8B compile runs are its record's."""
     from tools.benchmark import hugging_face_suite as suite
 
     record = REPOSITORY / "docs" / "results" / "2026-11-28-h200x4-hugging-face-8b-compile.jsonl"
