@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_strategies import checkpoints, hookimpl
-from lightning_strategies.checkpoints import FILE, CheckpointFormat, identify
+from lightning_strategies import CheckpointError, checkpoints, hookimpl
+from lightning_strategies.checkpoints import FILE, CheckpointFormat, as_fabric_layout, as_trainer_layout, identify
 from lightning_strategies.checkpoints.formats import installed_formats
 from lightning_strategies.hooks import plugins_of
 from lightning_strategies.registry import StrategyRegistry
@@ -119,3 +119,15 @@ def test_an_unknown_layout_says_to_check_the_path_or_install_its_package(
     message = str(checkpoints.foreign_checkpoint_error(acme_folder, "DeepSpeedStrategy", "a DeepSpeed folder"))
     assert "no checkpoint layout that the installed strategy packages know" in message
     assert "Check the path" in message and "install that package" in message
+
+
+def test_a_fabric_file_and_the_trainer_layout_convert_both_ways() -> None:
+    weights, moments = {"weight": torch.ones(2)}, {"state": {}, "param_groups": []}
+    fabric = {"model": weights, "optimizer": moments, "step": 3}
+    trainer = as_trainer_layout(fabric, "model", "optimizer")
+    assert trainer == {"state_dict": weights, "optimizer_states": [moments], "step": 3}
+    assert as_fabric_layout(trainer, "model", ["optimizer"]) == fabric
+    # An optimizer the file has no state for is left out, for the loader to refuse by name.
+    assert as_fabric_layout(trainer, "net", ["first", "second"]) == {"net": weights, "first": moments, "step": 3}
+    with pytest.raises(CheckpointError, match=r"no 'net' entry \(it holds \['model', 'optimizer', 'step'\]\)"):
+        as_trainer_layout(fabric, "net", "optimizer")

@@ -255,6 +255,13 @@ def test_the_client_state_holds_neither_engine_nor_optimizer(engine_checks: dict
     assert engine_checks["client_state_objects"] == []
 
 
+def test_another_strategys_file_loaded_with_two_optimizers_is_refused_in_words(engine_checks: dict[str, Any]) -> None:
+    """Not in Lightning (its DeepSpeed load reads no other strategy's file): the engine has one optimizer."""
+    assert engine_checks["foreign_two_optimizers"].startswith(
+        "ValueError: The state to load holds several optimizers ('optimizer', 'other')"
+    ), engine_checks["foreign_two_optimizers"]
+
+
 def test_load_updates_the_state_and_returns_the_rest(engine_checks: dict[str, Any]) -> None:
     """fabric::test_deepspeed_load_checkpoint_state_updated_with_client_state"""
     assert engine_checks["loaded_note"] == {"iteration": 5}
@@ -312,7 +319,7 @@ def _run_engine_checks(folder: Path) -> None:
     model[0].requires_grad_(False)
     model, optimizer = fabric.setup(model, torch.optim.Adam(model[1].parameters(), lr=0.1))
     second = nn.Linear(4, 2)
-    other, _ = fabric.setup(second, torch.optim.SGD(second.parameters(), lr=0.1))
+    other, other_optimizer = fabric.setup(second, torch.optim.SGD(second.parameters(), lr=0.1))
     inputs = torch.randn(8, 4)
 
     def step() -> None:
@@ -361,6 +368,11 @@ def _run_engine_checks(folder: Path) -> None:
         results[key] = all(
             torch.equal(before, after) for before, after in zip(saved_weights, model.parameters(), strict=True)
         )
+
+    # Another strategy's one-file checkpoint, loaded with a second engine's optimizer in the state by mistake.
+    torch.save({"model": model.state_dict(), "optimizer": {}}, folder / "plain.pt")
+    state = {"model": model, "optimizer": optimizer, "other": other_optimizer}
+    results["foreign_two_optimizers"] = error_of(lambda: fabric.load(folder / "plain.pt", state))
 
     empty = folder / "empty"
     (empty / "checkpoint").mkdir(parents=True)

@@ -327,6 +327,19 @@ class DeepSpeedBody(LightningAttributesMixin):
         with staged_save(path, self.is_global_zero, self.barrier) as staged:
             checkpoints.save(engine, staged, client_state, self.exclude_frozen_parameters)
 
+    def _load_whole_weights(
+        self: _ParallelStrategy, module: torch.nn.Module, optimizer: Any, weights: dict[str, Any], strict: bool
+    ) -> None:
+        """Whole (unpartitioned) weights into ``module``, then into the fp32 master copies ``optimizer`` keeps, or
+        its next step would undo the load."""
+        if self.zero_stage_3:
+            checkpoints.load_into_partitioned_module(module, weights, strict, self.is_global_zero)
+        else:
+            module.load_state_dict(weights, strict=strict)
+        refresh_fp32_params = getattr(optimizer, "refresh_fp32_params", None)
+        if refresh_fp32_params is not None:
+            refresh_fp32_params()
+
     def _recover_checkpoint(self: _ParallelStrategy, path: Any) -> str:
         """Finish or undo a save interrupted at ``path``; returns rank 0's path, the same on every rank."""
         if self.is_global_zero:

@@ -25,7 +25,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_strategies import CheckpointError, constructor_for
-from lightning_strategies.checkpoints import load_file, on_rank_zero, one_file_for, weights_only_keyword
+from lightning_strategies.checkpoints import load_file, on_rank_zero, one_file_for, saved_entry, weights_only_keyword
 from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models, without_record
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
@@ -259,16 +259,14 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         optimizer_keys = _optimizer_keys(state)
         if not optimizer_keys:
             saved = load_file(full, weights_only, map_location="cpu", mmap=True)
-            weights = foreign.saved_entry(saved, model_key)
-            if self.zero_stage_3:
-                checkpoints.load_into_partitioned_module(engine.module, weights, strict, self.is_global_zero)
-            else:
-                engine.module.load_state_dict(weights, strict=strict)
-            refresh_fp32_params = getattr(engine.optimizer, "refresh_fp32_params", None)
-            if refresh_fp32_params is not None:
-                refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
+            self._load_whole_weights(engine.module, engine.optimizer, saved_entry(saved, model_key), strict)
             return _restored(state, {key: value for key, value in saved.items() if key != model_key})
-        (optimizer_key,) = optimizer_keys  # one engine, one optimizer: _single_engine refused more
+        if len(optimizer_keys) > 1:
+            raise ValueError(
+                f"The state to load holds several optimizers ({', '.join(map(repr, optimizer_keys))}), but a DeepSpeed "
+                "engine has one. Keep only the optimizer returned by fabric.setup(model, optimizer) in the state."
+            )
+        (optimizer_key,) = optimizer_keys
         if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only, optimizer_key)):
             raise CheckpointError(
                 f"{path} holds no optimizer state under {optimizer_key!r}, so the optimizer would start afresh. To "

@@ -16,7 +16,7 @@ inside the folder (core's ``one_file_for``).
   ``load_full_weights=True``.
 
 Fabric's ``load`` takes the same, saved by ``fabric.save`` under another strategy: the file holds the user's keys
-(``{"model": ..., "optimizer": ...}``), read in the Trainer's layout (``as_trainer_layout``) for the conversion.
+(``{"model": ..., "optimizer": ...}``), read in the Trainer's layout (core's ``as_trainer_layout``) for the conversion.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_info
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import (
     FILE,
+    as_trainer_layout,
     check_seen,
     identify,
     is_local,
@@ -54,25 +55,6 @@ def holds_optimizer_states(path: str | Path, weights_only: bool | None, key: str
     # Mapped, not read: only the pickled structure is looked at.
     checkpoint = load_file(path, weights_only, map_location="cpu", mmap=True)
     return isinstance(checkpoint, dict) and bool(checkpoint.get(key))
-
-
-def as_trainer_layout(saved: dict[str, Any], model_key: str, optimizer_key: str) -> dict[str, Any]:
-    """A checkpoint ``fabric.save`` wrote, its model's weights under ``model_key`` and its optimizer's state under
-    ``optimizer_key``, in the Trainer's layout (``state_dict``, ``optimizer_states``); its other entries as they are."""
-    weights, optimizer = saved_entry(saved, model_key), saved_entry(saved, optimizer_key)
-    rest = {key: value for key, value in saved.items() if key not in (model_key, optimizer_key)}
-    return {**rest, "state_dict": weights, "optimizer_states": [optimizer]}
-
-
-def saved_entry(saved: Any, key: str) -> Any:
-    """What ``fabric.save`` wrote under ``key``, or a refusal naming the keys it did write."""
-    if not isinstance(saved, dict) or key not in saved:
-        found = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
-        raise CheckpointError(
-            f"The checkpoint has no {key!r} entry (it holds {found}): load it with the keys it was saved with, "
-            "fabric.load(path, {KEY: model, ...}) with KEY as saved."
-        )
-    return saved[key]
 
 
 @contextmanager

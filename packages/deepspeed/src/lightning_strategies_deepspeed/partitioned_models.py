@@ -5,7 +5,8 @@ Under ``zero.Init`` each layer is partitioned as soon as it is built, so what ``
 initialises (normal(0, 0.02) and the like) is each rank's empty placeholder: nothing. And ``from_pretrained`` inside
 ``configure_model`` builds the model there and leaves its weights to be read (core's ``hugging_face.pretrained``).
 Both are done here, before the engine is built: a module's parameters are gathered, rank 0 initialises or reads
-them, and DeepSpeed scatters the result back into the partitions.
+them, and DeepSpeed scatters the result back into the partitions. Modules compiled before the engine takes them
+are warned of here too: they are what a user compiling a Hugging Face model's decoder layers brings.
 """
 
 from __future__ import annotations
@@ -91,6 +92,8 @@ def warn_compiled_modules(root: nn.Module) -> None:
     on 4 x H200, against 31,804 to 35,193 uncompiled (docs/hugging-face.md).
     """
     # module.compile() sets _compiled_call_impl; torch.compile(module) wraps it in an OptimizedModule (_orig_mod).
+    # Fabric's setup of a whole compiled model hands the strategy the module unwrapped and compiles it again
+    # afterwards, out of sight here.
     compiled = [
         name
         for name, module in root.named_modules()

@@ -360,15 +360,9 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         if not (self.load_full_weights or self._full_weights_pending):
             return  # the engine already loaded its shards in load_checkpoint
         self._full_weights_pending = False
-        state_dict = checkpoint["state_dict"]
         assert self.lightning_module is not None
-        if self.zero_stage_3:
-            checkpoints.load_into_partitioned_module(self.lightning_module, state_dict, strict, self.is_global_zero)
-        else:
-            self.lightning_module.load_state_dict(state_dict, strict=strict)
-        refresh_fp32_params = getattr(getattr(self.model, "optimizer", None), "refresh_fp32_params", None)
-        if refresh_fp32_params is not None:
-            refresh_fp32_params()  # the fp32 master weights must follow, or the next step undoes the load
+        optimizer = getattr(self.model, "optimizer", None)
+        self._load_whole_weights(self.lightning_module, optimizer, checkpoint["state_dict"], strict)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:

@@ -5,6 +5,7 @@
 - ``formats``: what a checkpoint on disk is (``identify``, asking each package's ``checkpoint_formats`` hook),
   and the error for another strategy's.
 - ``checkpoint_io``: the same for checkpoints written through Lightning's CheckpointIO plugins.
+- ``fabric_layout``: one checkpoint file in the Trainer's layout or under the keys of a Fabric state.
 - ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position, and param
   groups of one Adam-family optimizer for another.
 - ``scratch``: conversions' scratch folders (those of killed conversions removed) and the fingerprint of a source.
@@ -22,6 +23,7 @@ from lightning_strategies.checkpoints.checkpoint_io import (
     staged_checkpoint_io_save,
     weights_only_keyword,
 )
+from lightning_strategies.checkpoints.fabric_layout import as_fabric_layout, as_trainer_layout, saved_entry
 from lightning_strategies.checkpoints.formats import (
     FILE,
     CheckpointFormat,
@@ -49,6 +51,8 @@ __all__ = [
     "STAGING_FOLDER",
     "CheckpointFormat",
     "adopted_param_groups",
+    "as_fabric_layout",
+    "as_trainer_layout",
     "check_checkpoint_file",
     "check_file",
     "check_seen",
@@ -69,6 +73,7 @@ __all__ = [
     "recover_before_load",
     "remove",
     "remove_checkpoint_path",
+    "saved_entry",
     "scratch_folder",
     "staged_checkpoint_io_save",
     "staged_save",

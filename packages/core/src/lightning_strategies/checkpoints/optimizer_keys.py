@@ -75,9 +75,11 @@ def adopted_param_groups(
     optimizer had not. With ``check_sizes`` (where ``groups`` hold all their parameters, not one process's share),
     each saved group must list as many parameters as the optimizer's: a loader would leave the others untrained.
 
-    A saved setting the optimizer has no key for is dropped, with a warning where it was on (``amsgrad=True``,
-    AdamW's ``decoupled_weight_decay=True``) unless ``held_outside_groups`` says the optimizer does the same by an
-    attribute of its own (HybridAdam's ``adamw_mode`` as ``{"decoupled_weight_decay": True}``)."""
+    A saved setting the optimizer has no key for is dropped, with a warning where the optimizer then behaves
+    otherwise: a setting it lacks counts as off (``amsgrad=True`` and ``bias_correction=False`` are warned of)
+    unless it always applies it (bias correction) or ``held_outside_groups`` gives its value, held by an attribute
+    of its own (HybridAdam's ``adamw_mode`` as ``{"decoupled_weight_decay": True}``). Implementation keys
+    (``foreach``, ``fused``) and how decay is applied where there is none are not warned of."""
     if len(saved_groups) != len(groups):
         raise CheckpointError(
             f"The checkpoint's optimizer has {len(saved_groups)} param group(s) and this run's {len(groups)}: "
