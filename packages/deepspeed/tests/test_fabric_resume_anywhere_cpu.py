@@ -1,7 +1,7 @@
 """Issue 29 with Fabric: fabric.load of a ZeRO-1, -2 or -3 checkpoint saved on 2 processes, on 1 process, continues
-the uninterrupted 2-process run (item 1), and so does a checkpoint ddp saved, under deepspeed_stage_3 (item 2)
-(fabric_resume_script.py; the same conversions as the Trainer's, see test_resume_anywhere_cpu.py and
-test_cross_strategy_cpu.py)."""
+the uninterrupted 2-process run (item 1); so do a checkpoint ddp saved, under deepspeed_stage_3, and one ZeRO-3
+saved, under fsdp, and back (item 2) (fabric_resume_script.py; the same conversions as the Trainer's, see
+test_resume_anywhere_cpu.py and test_cross_strategy_cpu.py)."""
 
 from __future__ import annotations
 
@@ -69,3 +69,24 @@ def test_fabric_load_of_what_ddp_saved_goes_on_under_zero3(tmp_path):
         "resume-weights.json",
         "resume.json",
     ]
+
+
+def test_fabric_load_goes_between_zero3_and_fsdp_both_ways_on_another_number_of_processes(tmp_path):
+    """ZeRO-3's folder under fsdp (through its one-file form, kept inside the folder) and FSDP2's DCP folder under
+    deepspeed_stage_3 (through a universal form removed after), each saved on 2 processes and loaded on 1."""
+    saved = {name: str(tmp_path / f"{name}.ckpt") for name in ("deepspeed_stage_3", "fsdp")}
+    pairs = list(zip(saved, reversed(saved), strict=True))  # (loads under, saved by)
+    _launch([{"strategy": name, "devices": 2, "mode": "save", "checkpoint": saved[name],
+              "out": str(tmp_path / f"{name}.json")} for name in saved])  # fmt: skip
+    _launch([{"strategy": name, "devices": 1, "mode": "resume", "checkpoint": saved[other],
+              "out": str(tmp_path / f"{name}-resumed.json")} for name, other in pairs])  # fmt: skip
+    for name, other in pairs:
+        uninterrupted = json.loads((tmp_path / f"{other}.json").read_text())
+        resumed = json.loads((tmp_path / f"{name}-resumed.json").read_text())
+        assert resumed["step"] == 2 * STEPS, name
+        assert resumed["losses"] == pytest.approx(uninterrupted["losses"][STEPS:], rel=1e-5, abs=1e-6), name
+    assert (tmp_path / "deepspeed_stage_3.ckpt" / "full.ckpt").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir() if not path.name.endswith(".json")) == [
+        "deepspeed_stage_3.ckpt",
+        "fsdp.ckpt",
+    ]  # the universal form was removed after the load

@@ -38,20 +38,21 @@ def test_fabric_checkpoint_exports(tmp_path: Path) -> None:
     assert conformance.check_fabric_results(tmp_path, [case]) == {case.name: []}
 
 
-def test_a_llama_fine_tuned_under_fsdp_goes_on_under_zero3(tmp_path: Path) -> None:
-    """Issue 29 with a model nobody here wrote: a Llama read with from_pretrained and fine-tuned under fsdp (its DCP
-    folder saved at step 16), resumed by ckpt_path alone under deepspeed_stage_3, goes on as fsdp's own resume of that
-    folder does: the same weights, AdamW moments and steps (carried by parameter name), the same losses. The reference
-    is fsdp's resume rather than an uninterrupted run: a fit resumed from what on_train_end saves at an epoch's last
-    step takes that epoch's first batch once more (Lightning's loop, under ddp too)."""
+@pytest.mark.parametrize(("saved_by", "goes_on_under"), [("fsdp", "deepspeed_stage_3"), ("deepspeed_stage_3", "fsdp")])
+def test_a_fine_tuned_llama_goes_on_under_the_other_strategy(tmp_path: Path, saved_by: str, goes_on_under: str) -> None:
+    """Issue 29 with a model nobody here wrote: a Llama read with from_pretrained and fine-tuned under one strategy
+    (its DCP or ZeRO folder saved at step 16), resumed by ckpt_path alone under the other, goes on as the first
+    strategy's own resume of that folder does: the same weights, AdamW moments and steps (carried by parameter name),
+    the same losses. The reference is a resume rather than an uninterrupted run: a fit resumed from what on_train_end
+    saves at an epoch's last step takes that epoch's first batch once more (Lightning's loop, under ddp too)."""
     pytest.importorskip("lightning_strategies_fsdp")
     whole, half = conformance.Case("llama", "pretrained", steps=24), conformance.Case("llama", "pretrained", steps=16)
-    conformance.launch("fsdp", tmp_path / "half", [half], env=EXTRA, unset=UNSET)
+    conformance.launch(saved_by, tmp_path / "half", [half], env=EXTRA, unset=UNSET)
     saved = tmp_path / "half" / half.name / "last.ckpt"
-    assert (saved / ".metadata").is_file()  # a DCP folder
-    for strategy in ("fsdp", "deepspeed_stage_3"):
+    assert (saved / (".metadata" if saved_by == "fsdp" else "latest")).is_file()  # a DCP or a ZeRO folder
+    for strategy in (saved_by, goes_on_under):
         conformance.launch(strategy, tmp_path / strategy, [whole], resume_from=saved, env=EXTRA, unset=UNSET)
-    assert conformance.resumed_problems(tmp_path / "fsdp", tmp_path / "deepspeed_stage_3", whole, saved_step=16) == []
+    assert conformance.resumed_problems(tmp_path / saved_by, tmp_path / goes_on_under, whole, saved_step=16) == []
 
 
 def test_compiled_layers_are_warned_of_under_zero3() -> None:

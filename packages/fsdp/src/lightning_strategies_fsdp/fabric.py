@@ -16,10 +16,11 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_strategies import constructor_for
-from lightning_strategies.checkpoints import load_file
+from lightning_strategies.checkpoints import as_fabric_layout, load_file, one_file_for
 from lightning_strategies.hugging_face import record_models, without_record
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
+from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
 from lightning_strategies_fsdp.options import STRATEGY
 
@@ -157,6 +158,14 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         model_key, model = _the_model(state, "load")
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
         read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
+        # Another strategy's folder that its package writes as one file with everything (DeepSpeed's ZeRO folders)
+        # loads from that file, written once inside it by rank 0 in the Trainer's layout: read under state's keys.
+        one_file = Path(one_file_for(path, self, weights_only, native=(DCP.key,)))
+        if one_file != path:
+            path = one_file
+            read_full = lambda file: as_fabric_layout(  # noqa: E731
+                load_file(file, weights_only, mmap=True, map_location="cpu"), model_key, list(optimizers)
+            )
         rest = checkpoints.load_into(
             path, model, model_key, optimizers, strict=strict, weights_only=weights_only, read_full=read_full
         )
