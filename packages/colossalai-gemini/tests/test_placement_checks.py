@@ -6,6 +6,7 @@ utilized_size, paired_chunk, device_type) take their place here; the GPU tier ch
 
 from __future__ import annotations
 
+import logging
 import types
 
 import pytest
@@ -84,3 +85,14 @@ def test_what_cpu_adam_can_step_is_accepted():
     )
     # HybridAdam updates GPU-held chunks with its fused CUDA kernel, which takes the scale.
     strategy(placement_policy="cuda")._check_placement(trainer(0.5), gemini_optimizer([chunk("cuda")], HybridAdam))
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.8])
+def test_auto_placement_without_a_gpu_margin_says_it_updates_on_the_host(margin, caplog):
+    from colossalai.nn.optimizer import HybridAdam
+
+    optimizer = gemini_optimizer([chunk("cpu")], HybridAdam)
+    with caplog.at_level(logging.INFO):
+        strategy(placement_policy="auto", gpu_margin_mem_ratio=margin)._check_placement(trainer(), optimizer)
+    said = [record.getMessage() for record in caplog.records if "gpu_margin_mem_ratio=0.8" in record.getMessage()]
+    assert len(said) == (1 if margin == 0.0 else 0), said
