@@ -259,7 +259,8 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         optimizer_keys = _optimizer_keys(state)
         if not optimizer_keys:
             saved = load_file(full, weights_only, map_location="cpu", mmap=True)
-            self._load_whole_weights(engine.module, engine.optimizer, saved_entry(saved, model_key), strict)
+            weights = saved_entry(saved, model_key)  # refused by name before the engine is touched
+            self._load_whole_weights(engine.module, engine.optimizer, weights, strict)
             return _restored(state, {key: value for key, value in saved.items() if key != model_key})
         if len(optimizer_keys) > 1:
             raise ValueError(
