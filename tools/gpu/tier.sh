@@ -6,10 +6,9 @@
 # side by side the slowest stream took 408 s on 2 GPUs), so one hang cannot eat the whole call. A pytest -k
 # expression after a colon runs part of a package's tier, `deepspeed=200:resume or nodes`, to re-check
 # a fix without paying for the rest; a package may be named twice with two selections, to run its halves side by
-# side. A test gets TIER_TEST_TIMEOUT_S (420; pytest-timeout is in the GPU
+# side. A test gets TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU
 # image) and fails with its traceback instead of silencing the tests after it. A module's shared launch counts
-# against its first test: deepspeed's one-GPU launch of eleven runs took 206 s alone on one H200 and over 240 s
-# beside the other streams. Logs and a summary go to
+# against its first test, which may carry a longer limit of its own (deepspeed's one-GPU launch). Logs and a summary go to
 # $OUT as they are written, so a killed call still returns them.
 #
 # JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
@@ -56,7 +55,7 @@ run_package() {  # ITEM: PACKAGE[=LIMIT][:K_EXPR]; writes $out/<log_name>.log an
   start=$(date +%s)
   # SIGINT, not TERM: pytest then prints the failures it has seen, which a cut call would lose.
   timeout -s INT -k 30 "$limit" python -m pytest "packages/$package/tests" -m gpu -v -rfEsx --durations=8 \
-    --timeout="${TIER_TEST_TIMEOUT_S:-420}" -p no:cacheprovider ${select:+-k "$select"} >"$log" 2>&1
+    --timeout="${TIER_TEST_TIMEOUT_S:-240}" -p no:cacheprovider ${select:+-k "$select"} >"$log" 2>&1
   code=$?
   counts=$(grep -E "^(=+ )?[0-9]+ (passed|failed|error)" "$log" | tail -1)
   echo "$(log_name "$1"): exit $code in $(( $(date +%s) - start )) s: ${counts:-no result (time limit?)}" >>"$out/summary.txt"
