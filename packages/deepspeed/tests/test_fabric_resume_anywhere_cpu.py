@@ -74,6 +74,7 @@ def test_fabric_load_of_what_ddp_saved_goes_on_under_zero3(tmp_path):
 def test_fabric_load_goes_between_zero3_and_fsdp_both_ways_on_another_number_of_processes(tmp_path):
     """ZeRO-3's folder under fsdp (through its one-file form, kept inside the folder) and FSDP2's DCP folder under
     deepspeed_stage_3 (through a universal form removed after), each saved on 2 processes and loaded on 1."""
+    pytest.importorskip("lightning_strategies_fsdp")  # else "fsdp" is Lightning's own strategy
     saved = {name: str(tmp_path / f"{name}.ckpt") for name in ("deepspeed_stage_3", "fsdp")}
     pairs = list(zip(saved, reversed(saved), strict=True))  # (loads under, saved by)
     _launch([{"strategy": name, "devices": 2, "mode": "save", "checkpoint": saved[name],

@@ -253,20 +253,20 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
     ) -> dict[str, Any]:
         """What another strategy's ``fabric.save`` wrote (``foreign``), in its one-file form: the weights and
         optimizer states through DeepSpeed's universal layout where ``state`` holds an optimizer, else the weights."""
-        full = one_file_for(path, self, weights_only)
         engine = _single_engine(state, "load")
         model_key = next(key for key, value in state.items() if value is engine)
         optimizer_keys = _optimizer_keys(state)
+        if len(optimizer_keys) > 1:  # before the conversion below, which may take minutes
+            raise ValueError(
+                f"The state to load holds several optimizers ({', '.join(map(repr, optimizer_keys))}), but a DeepSpeed "
+                "engine has one. Keep only the optimizer returned by fabric.setup(model, optimizer) in the state."
+            )
+        full = one_file_for(path, self, weights_only)
         if not optimizer_keys:
             saved = load_file(full, weights_only, map_location="cpu", mmap=True)
             weights = saved_entry(saved, model_key)  # refused by name before the engine is touched
             self._load_whole_weights(engine.module, engine.optimizer, weights, strict)
             return _restored(state, {key: value for key, value in saved.items() if key != model_key})
-        if len(optimizer_keys) > 1:
-            raise ValueError(
-                f"The state to load holds several optimizers ({', '.join(map(repr, optimizer_keys))}), but a DeepSpeed "
-                "engine has one. Keep only the optimizer returned by fabric.setup(model, optimizer) in the state."
-            )
         (optimizer_key,) = optimizer_keys
         if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only, optimizer_key)):
             raise CheckpointError(

@@ -2,8 +2,9 @@
 
 The Trainer saves the model under ``state_dict`` and its optimizers' states as the list ``optimizer_states``;
 ``fabric.save`` saves each object under the key the user gave it (``{"model": ..., "optimizer": ...}``). The one-file
-forms of other strategies' folders (``one_file_for``) are written in the Trainer's layout; a strategy that loads one
-for ``fabric.load`` reads it under the user's keys, and one that converts a Fabric file reads it the other way.
+forms of DeepSpeed's and ColossalAI's folders (``one_file_for``) are written in the Trainer's layout whoever saved
+them (a DCP folder's keeps the keys it was saved with); a strategy that loads one for ``fabric.load`` reads it under
+the user's keys, and one that converts a Fabric file reads it the other way.
 """
 
 from __future__ import annotations
