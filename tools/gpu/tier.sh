@@ -2,14 +2,14 @@
 # The whole GPU tier (colossalai-gemini, deepspeed, fsdp) as one command on a GPU machine, from the
 # wheelhouse: `bash tools/gpu/tier.sh [PACKAGE...]` (default: all three, each split in streams, below).
 #
-# PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S (480;
-# side by side the slowest stream took 408 s on 2 GPUs), so one hang cannot eat the whole call. A pytest -k
-# expression after a colon runs part of a package's tier, `deepspeed=200:resume or nodes`, to re-check
-# a fix without paying for the rest; a package may be named twice with two selections, to run its halves side by
-# side. A test gets TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU
-# image) and fails with its traceback instead of silencing the tests after it. A module's shared launch counts
-# against its first test, which may carry a longer limit of its own (deepspeed's one-GPU launch). Logs and a summary go to
-# $OUT as they are written, so a killed call still returns them.
+# PACKAGE may carry its own time limit in seconds, `deepspeed=300`; the default is TIER_LIMIT_S (480; side by
+# side the slowest stream took 408 s on 2 GPUs), so one hang cannot eat the whole call. A pytest -k expression
+# after a colon runs part of a package's tier, `deepspeed=200:resume or nodes`, to re-check a fix without paying
+# for the rest; a package may be named twice with two selections, to run its halves side by side. A test gets
+# TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU image) and fails with its traceback instead of
+# silencing the tests after it. A module's shared launch counts against its first test, which may carry a longer
+# limit of its own (deepspeed's one-GPU launch). Logs and a summary go to $OUT as they are written, so a killed
+# call still returns them.
 #
 # JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
 # minutes compiling: setup.sh unpacks `.kernels/kernels.tar.gz.part-*` beside the checkout (name

@@ -62,3 +62,30 @@ def test_a_sharded_checkpoint_exports_to_hugging_face(tmp_path: Path) -> None:
     assert saved.is_dir(), "Gemini's sharded layout is a folder"
     hugging_face.export(saved, tmp_path / case.name / "last-exported")
     assert conformance.export_problems(tmp_path, case, after, ATOL) == []
+
+
+HALF, WHOLE = conformance.Case("llama", "pretrained", steps=16), conformance.Case("llama", "pretrained", steps=24)
+ON_ONE_GPU = {"accelerator": "cuda", "devices": 1, "precision": "bf16-mixed"}
+RESUME_RTOL = 2e-2  # docs/reliability.md: the 16-bit precisions' tolerance between strategies
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama read with from_pretrained and fine-tuned under colossalai_cuda (HybridAdam, bf16-mixed) to step 16
+    and saved, then resumed from that checkpoint under colossalai_cuda itself: the reference of the resumes below."""
+    folder = tmp_path_factory.mktemp("fine-tuned")
+    conformance.launch("colossalai_cuda", folder / "half", [HALF], **ON_ONE_GPU)
+    saved = folder / "half" / HALF.name / "last.ckpt"
+    conformance.launch("colossalai_cuda", folder / "colossalai_cuda", [WHOLE], resume_from=saved, **ON_ONE_GPU)
+    return folder
+
+
+@pytest.mark.parametrize("goes_on_under", ["fsdp", "deepspeed_stage_3"])
+def test_a_fine_tuned_llama_goes_on_under_another_strategy(fine_tuned: Path, goes_on_under: str) -> None:
+    """Issue 29 with a model nobody here wrote, out of Gemini: its checkpoint resumed by ckpt_path alone under the
+    other strategies (AdamW there, HybridAdam's moments carried by parameter name) goes on as Gemini's own resume."""
+    pytest.importorskip(f"lightning_strategies_{goes_on_under.partition('_')[0]}")
+    saved = fine_tuned / "half" / HALF.name / "last.ckpt"
+    conformance.launch(goes_on_under, fine_tuned / goes_on_under, [WHOLE], resume_from=saved, **ON_ONE_GPU)
+    resumed, reference = fine_tuned / goes_on_under, fine_tuned / "colossalai_cuda"
+    assert conformance.resumed_problems(reference, resumed, WHOLE, saved_step=16, rtol=RESUME_RTOL) == []

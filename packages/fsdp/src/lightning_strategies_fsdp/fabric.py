@@ -157,15 +157,18 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         path = self._path_to_load(path)
         model_key, model = _the_model(state, "load")
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
-        read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
         # Another strategy's folder that its package writes as one file with everything (DeepSpeed's ZeRO folders)
         # loads from that file, written once inside it by rank 0 in the Trainer's layout: read under state's keys.
         one_file = Path(one_file_for(path, self, weights_only, native=(DCP.key,)))
-        if one_file != path:
+        if one_file == path:
+            read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
+        else:
             path = one_file
-            read_full = lambda file: as_fabric_layout(  # noqa: E731
-                load_file(file, weights_only, mmap=True, map_location="cpu"), model_key, list(optimizers)
-            )
+
+            def read_full(file: Path) -> dict[str, Any]:
+                saved = load_file(file, weights_only, mmap=True, map_location="cpu")
+                return as_fabric_layout(saved, model_key, list(optimizers))
+
         rest = checkpoints.load_into(
             path, model, model_key, optimizers, strict=strict, weights_only=weights_only, read_full=read_full
         )
