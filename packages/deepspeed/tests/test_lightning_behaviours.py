@@ -262,6 +262,14 @@ def test_another_strategys_file_loaded_with_two_optimizers_is_refused_in_words(e
     ), engine_checks["foreign_two_optimizers"]
 
 
+def test_a_trainer_checkpoint_loaded_by_fabric_is_refused_as_the_trainers(engine_checks: dict[str, Any]) -> None:
+    """Not in Lightning: the refusal names the Trainer's layout and its resume, not missing optimizer states."""
+    assert engine_checks["foreign_trainer_layout"].startswith(
+        "CheckpointError: The checkpoint has no 'model' entry (it holds ['optimizer_states', 'state_dict']): it is in "
+        "the Trainer's layout: resume it with trainer.fit(model, ckpt_path=path)."
+    ), engine_checks["foreign_trainer_layout"]
+
+
 def test_load_updates_the_state_and_returns_the_rest(engine_checks: dict[str, Any]) -> None:
     """fabric::test_deepspeed_load_checkpoint_state_updated_with_client_state"""
     assert engine_checks["loaded_note"] == {"iteration": 5}
@@ -373,6 +381,11 @@ def _run_engine_checks(folder: Path) -> None:
     torch.save({"model": model.state_dict(), "optimizer": {}}, folder / "plain.pt")
     state = {"model": model, "optimizer": optimizer, "other": other_optimizer}
     results["foreign_two_optimizers"] = error_of(lambda: fabric.load(folder / "plain.pt", state))
+    # A file in the Trainer's layout, its optimizer states under "optimizer_states".
+    trainer_file = folder / "trainer.ckpt"
+    torch.save({"state_dict": model.state_dict(), "optimizer_states": [{}]}, trainer_file)
+    with_optimizer = {"model": model, "optimizer": optimizer}
+    results["foreign_trainer_layout"] = error_of(lambda: fabric.load(trainer_file, with_optimizer))
 
     empty = folder / "empty"
     (empty / "checkpoint").mkdir(parents=True)

@@ -268,7 +268,8 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
             self._load_whole_weights(engine.module, engine.optimizer, weights, strict)
             return _restored(state, {key: value for key, value in saved.items() if key != model_key})
         (optimizer_key,) = optimizer_keys
-        if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only, optimizer_key)):
+        keys = (model_key, optimizer_key)
+        if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only, keys)):
             raise CheckpointError(
                 f"{path} holds no optimizer state under {optimizer_key!r}, so the optimizer would start afresh. To "
                 f"agree, load without it: fabric.load(path, {{{model_key!r}: model}}); to go on with the saved run's "

@@ -37,6 +37,7 @@ from lightning_strategies.checkpoints import (
     is_local,
     load_file,
     on_rank_zero,
+    saved_entry,
     scratch_folder,
 )
 from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
@@ -51,10 +52,18 @@ def is_foreign(path: Any) -> bool:
     return found is not None and found != DEEPSPEED and (found == FILE or bool(found.to_full_checkpoint))
 
 
-def holds_optimizer_states(path: str | Path, weights_only: bool | None, key: str = "optimizer_states") -> bool:
+def holds_optimizer_states(
+    path: str | Path, weights_only: bool | None, fabric_keys: tuple[str, str] | None = None
+) -> bool:
+    """Whether the file holds optimizer states: the Trainer's, or under ``fabric_keys``' optimizer key beside its
+    model's (a file without the model's is refused by name, before its optimizer is asked after)."""
     # Mapped, not read: only the pickled structure is looked at.
     checkpoint = load_file(path, weights_only, map_location="cpu", mmap=True)
-    return isinstance(checkpoint, dict) and bool(checkpoint.get(key))
+    if fabric_keys is None:
+        return isinstance(checkpoint, dict) and bool(checkpoint.get("optimizer_states"))
+    model_key, optimizer_key = fabric_keys
+    saved_entry(checkpoint, model_key)
+    return bool(checkpoint.get(optimizer_key))
 
 
 @contextmanager

@@ -21,10 +21,11 @@ def saved_entry(saved: Any, key: str) -> Any:
     """What ``fabric.save`` wrote under ``key``, or a refusal naming the keys it did write."""
     if not isinstance(saved, dict) or key not in saved:
         found = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
-        raise CheckpointError(
-            f"The checkpoint has no {key!r} entry (it holds {found}): load it with the keys it was saved with, "
-            "fabric.load(path, {KEY: model, ...}) with KEY as saved."
-        )
+        if isinstance(saved, dict) and TRAINER_KEYS[0] in saved:
+            fix = "it is in the Trainer's layout: resume it with trainer.fit(model, ckpt_path=path)"
+        else:
+            fix = "load it with the keys it was saved with, fabric.load(path, {KEY: model, ...}) with KEY as saved"
+        raise CheckpointError(f"The checkpoint has no {key!r} entry (it holds {found}): {fix}.")
     return saved[key]
 
 
