@@ -17,6 +17,7 @@ from lightning_strategies.checkpoints import (
     CheckpointFormat,
     check_checkpoint_file,
     check_trainer_checkpoint,
+    kept_form,
     on_rank_zero,
     one_file_for,
     reads_torch_save_files,
@@ -134,6 +135,11 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
         (folder / "checkpoint-universal" / "latest_universal").write_text("checkpoint_universal")
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
         assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
+        # So does what another package keeps inside it, converted to its own layout (DeepSpeed's universal form).
+        kept_form(folder, "deepspeed").mkdir()
+        (kept_form(folder, "deepspeed") / "latest_universal").write_text("checkpoint_universal")
+        assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
+        assert (folder / ONE_FILE_NAME).stat().st_mtime_ns == written
         # A conversion killed after writing the file but before recording its source: converted again.
         (folder / ONE_FILE_SOURCE).unlink()
         assert one_file_for(folder, _Strategy()) == str(folder / ONE_FILE_NAME)
@@ -150,7 +156,9 @@ def test_a_failed_conversion_is_refused_and_leaves_nothing(tmp_path: Path) -> No
     folder = tmp_path / "sharded.ckpt"
     folder.mkdir()
     refused = pytest.raises(
-        CheckpointError, match=r"a folder of shards.*shard 1 is unreadable.*the sharding strategies"
+        CheckpointError,
+        match=r"a folder of shards.*shard 1 is unreadable.*the sharding strategies, or convert it where you can "
+        r"write \(`lightning-strategies convert .*sharded.ckpt OUT.ckpt --to full`\) and resume from OUT.ckpt",
     )
     with _convertible(folder, "_fail"), refused:
         one_file_for(folder, _Strategy())

@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import train_together
 
-from lightning_strategies.checkpoints import STAGING_FOLDER
+from lightning_strategies.checkpoints import STAGING_FOLDER, kept_form
 from lightning_strategies.checkpoints.checkpoint_io import ONE_FILE_NAME, ONE_FILE_SOURCE
 from lightning_strategies.checkpoints.scratch import SCRATCH_PREFIX
 from lightning_strategies.cli import main as cli
@@ -208,7 +208,17 @@ def test_the_one_file_form_of_a_folder_is_kept_inside_it(folder, resumed, source
 
 
 def test_the_universal_forms_written_for_resumes_under_deepspeed_are_removed(folder, resumed):
+    """Those of files (ddp's, fsdp's full): written into a scratch folder beside the file for each resume."""
     assert not list(folder.glob(f"{SCRATCH_PREFIX}*")), "a scratch folder is left beside the checkpoints"
+
+
+def test_the_universal_form_of_a_folder_is_kept_inside_it(folder, resumed):
+    """fsdp -> deepspeed_stage_1 wrote it into the DCP folder, beside its one-file form; the resumes under stages 2
+    and 3 after it read it as it was (their losses are those of the matrix)."""
+    kept = kept_form(folder / "fsdp.ckpt", "deepspeed")
+    assert (kept / "latest_universal").is_file()
+    assert json.loads((kept / "source.json").read_text()), "the record of the folder's files it came from"
+    assert not list(kept.parent.glob(f"{SCRATCH_PREFIX}*"))
 
 
 @pytest.mark.parametrize("target", ["deepspeed_stage_2", "deepspeed_stage_3"])
@@ -226,3 +236,69 @@ def test_evaluation_under_zero_loads_each_other_strategys_checkpoint(saved, resu
             torch.testing.assert_close(weights[name], tensor, rtol=1e-6, atol=1e-7, msg=f"{source}: {name}")
     first, end = saved["first-half-ddp"]["weights"], saved["end-ddp"]["weights"]
     assert any(not torch.allclose(first[name], end[name]) for name in first)  # the loads differ
+
+
+class _OneProcess:
+    """What universal_form asks of a strategy, for one process."""
+
+    is_global_zero = True
+
+    def broadcast(self, obj):
+        return obj
+
+    def reduce_boolean_decision(self, decision, all=True):
+        return decision
+
+    def barrier(self):
+        pass
+
+
+def _adam_checkpoint(path):
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    torch.save({"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}, path)
+
+
+def test_a_files_universal_form_is_removed_after_the_load_and_left_where_the_load_failed(tmp_path):
+    """A file's universal form lives in a scratch folder beside it for the load. Where the load failed, another rank
+    may still be reading it: it is left (named after this process) for the next conversion there to remove."""
+    from lightning_strategies_deepspeed.foreign import universal_form
+
+    full = tmp_path / "ddp.ckpt"
+    _adam_checkpoint(full)
+    with universal_form(_OneProcess(), full, full, None) as target:
+        assert (target / "latest_universal").is_file() and target.parent.name.startswith(SCRATCH_PREFIX)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
+    with pytest.raises(RuntimeError, match="the load failed"), universal_form(_OneProcess(), full, full, None):
+        raise RuntimeError("the load failed")
+    (left,) = tmp_path.glob(f"{SCRATCH_PREFIX}*")
+    assert (left / "universal" / "latest_universal").is_file()
+
+
+def test_a_kept_universal_form_is_reused_until_the_folder_is_saved_again(tmp_path):
+    """Another strategy's folder (its own files, and its one-file form inside): the universal form is converted from
+    the one-file form once, read as it is while the folder's files are unchanged, and converted again once one of
+    them was saved again."""
+    from lightning_strategies_deepspeed.foreign import _kept_in
+    from lightning_strategies_deepspeed.from_full import from_full_checkpoint
+
+    folder = tmp_path / "other.ckpt"
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"saved once")
+    full = folder / ONE_FILE_NAME
+    _adam_checkpoint(full)
+    conversions = []
+
+    def convert(target):
+        conversions.append(target)
+        from_full_checkpoint(full, target)
+
+    written, how = _kept_in(folder, convert)
+    assert written == str(kept_form(folder, "deepspeed")) and how.startswith("written at")
+    assert (kept_form(folder, "deepspeed") / "latest_universal").is_file()
+    assert _kept_in(folder, convert)[1] == f"kept at {written} by an earlier resume" and len(conversions) == 1
+    (folder / "__0_0.distcp").write_bytes(b"saved again")
+    assert _kept_in(folder, convert)[1].startswith("written at") and len(conversions) == 2
+    assert sorted(path.name for path in folder.iterdir()) == ["__0_0.distcp", "converted-deepspeed", ONE_FILE_NAME]

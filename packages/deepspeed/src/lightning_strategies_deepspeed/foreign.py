@@ -6,9 +6,10 @@ DCP folders, ColossalAI's sharded folders), read in that one-file form: converte
 inside the folder (core's ``one_file_for``).
 
 - Fitting with an optimizer: global rank 0 writes the file in DeepSpeed's universal layout (``from_full``: each
-  parameter's fp32 value and Adam moments by name) into a scratch folder beside the checkpoint, every rank loads it
-  with DeepSpeed's universal loader on its own partitions, and rank 0 removes it once all have. It is written again
-  on every such resume (about four times the fp32 weights of disk, for as long as the load takes); convert once by
+  parameter's fp32 value and Adam moments by name), and every rank loads it with DeepSpeed's universal loader on
+  its own partitions. A folder keeps it inside, beside its one-file form (``converted-deepspeed``), for later
+  resumes; a file's goes into a scratch folder beside it, removed once every rank has read it, and is written again
+  on every such resume (about four times the fp32 weights of disk, for as long as the load takes): convert once by
   hand (``lightning-strategies convert CKPT OUT --to deepspeed``) to keep it.
 - Fitting from a file without optimizer states: refused (as ``ddp`` refuses it), naming ``load_full_weights=True``
   to agree to a fresh optimizer.
@@ -21,8 +22,10 @@ Fabric's ``load`` takes the same, saved by ``fabric.save`` under another strateg
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +38,18 @@ from lightning_strategies.checkpoints import (
     check_seen,
     identify,
     is_local,
+    kept_form,
     load_file,
+    new_scratch,
     on_rank_zero,
+    read_record,
     saved_entry,
-    scratch_folder,
+    saved_files,
+    staged_save,
 )
 from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
 from lightning_strategies_deepspeed.from_full import from_full_checkpoint, universal_from_full
+from lightning_strategies_deepspeed.universal import SOURCE
 
 
 def is_foreign(path: Any) -> bool:
@@ -75,9 +83,14 @@ def universal_form(
     fabric_keys: tuple[str, str] | None = None,
 ) -> Iterator[Path]:
     """The universal form of the full checkpoint file ``full`` (``checkpoint`` itself, or its one-file form inside
-    it), written by global rank 0 beside ``checkpoint`` for the block, in which every rank loads it. Called on every
-    rank together. ``fabric_keys``: the model's and the optimizer's keys of a file ``fabric.save`` wrote."""
-    full = Path(full)
+    it), made by global rank 0, in which every rank loads it within the block. Called on every rank together.
+    ``fabric_keys``: the model's and the optimizer's keys of a file ``fabric.save`` wrote.
+
+    Another strategy's folder keeps it inside (``kept_form``), reused while the folder's files are those it was
+    converted from; a file's is written into a scratch folder beside it and removed once every rank has read it. If
+    the block fails, the scratch folder is left to the next conversion there (which removes it once this process
+    is gone): another rank may still be reading it."""
+    checkpoint, full = Path(checkpoint), Path(full)
     by_hand = f"`lightning-strategies convert {full} OUT --to deepspeed`"
 
     def failure(error: Exception) -> str:
@@ -89,22 +102,52 @@ def universal_form(
             "and resume from OUT."
         )
 
-    with ExitStack() as stack:
+    def convert(target: Path) -> None:
+        if fabric_keys is None:
+            from_full_checkpoint(full, target, weights_only)
+        else:
+            saved = load_file(full, weights_only, map_location="cpu", mmap=True)
+            universal_from_full(as_trainer_layout(saved, *fabric_keys), full, target)
 
-        def write() -> str:
-            target = stack.enter_context(scratch_folder(Path(checkpoint).parent)) / "universal"
-            if fabric_keys is None:
-                from_full_checkpoint(full, target, weights_only)
-            else:
-                saved = load_file(full, weights_only, map_location="cpu", mmap=True)
-                universal_from_full(as_trainer_layout(saved, *fabric_keys), full, target)
-            return str(target)
+    scratch: list[Path] = []
 
-        target = on_rank_zero(strategy, write, failure)
+    def write() -> tuple[str, str]:
+        if checkpoint.is_dir():
+            return _kept_in(checkpoint, convert)
+        scratch.append(new_scratch(checkpoint.parent))
+        target = scratch[0] / "universal"
+        convert(target)
+        return str(target), f"written for this resume at {target} and removed after"
+
+    try:
+        target, how = on_rank_zero(strategy, write, failure)
         check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
-        rank_zero_info(
-            f"Resuming {full} under {type(strategy).__name__} from its universal form, written for this resume at "
-            f"{target} and removed after (weights, Adam moments and steps, and the rest of what was saved, carried)."
-        )
-        yield Path(target)
-        strategy.barrier()  # every rank has read it before rank 0 removes it
+    except BaseException:
+        _remove(scratch)  # every rank ends here together: none reads it
+        raise
+    rank_zero_info(
+        f"Resuming {full} under {type(strategy).__name__} from its universal form, {how} (weights, Adam moments and "
+        "steps, and the rest of what was saved, carried)."
+    )
+    yield Path(target)
+    strategy.barrier()  # every rank has read it before rank 0 removes it
+    _remove(scratch)
+
+
+def _kept_in(folder: Path, convert: Callable[[Path], None]) -> tuple[str, str]:
+    """The universal form kept inside another strategy's ``folder``: written unless the one there was converted from
+    the folder's files as they are now. Its place, and how it came to be there."""
+    target = kept_form(folder, DEEPSPEED.key)
+    source = saved_files(folder)
+    if read_record(target / SOURCE) == source:
+        return str(target), f"kept at {target} by an earlier resume"
+    convert(target)  # written whole or not at all (staged)
+    # Recorded after the form is in place: a conversion killed before leaves no record, so the next converts again.
+    with staged_save(target / SOURCE) as staged:
+        staged.write_text(json.dumps(source, indent=1, sort_keys=True))
+    return str(target), f"written at {target} and kept for later resumes (delete it to reclaim the space)"
+
+
+def _remove(scratch: list[Path]) -> None:
+    for folder in scratch:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -17,9 +17,11 @@ Import from ``lightning_strategies.checkpoints``; the modules' other names may c
 from lightning_strategies.checkpoints.checkpoint_io import (
     check_checkpoint_file,
     check_trainer_checkpoint,
+    kept_form,
     one_file_for,
     reads_torch_save_files,
     remove_checkpoint_path,
+    saved_files,
     staged_checkpoint_io_save,
     weights_only_keyword,
 )
@@ -34,7 +36,7 @@ from lightning_strategies.checkpoints.formats import (
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.optimizer_keys import adopted_param_groups, keyed_by_name
 from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
-from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record, scratch_folder
+from lightning_strategies.checkpoints.scratch import files_fingerprint, new_scratch, read_record, scratch_folder
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
     is_local,
@@ -62,8 +64,10 @@ __all__ = [
     "foreign_checkpoint_error",
     "identify",
     "is_local",
+    "kept_form",
     "keyed_by_name",
     "load_file",
+    "new_scratch",
     "on_rank_zero",
     "one_file_for",
     "publish",
@@ -74,6 +78,7 @@ __all__ = [
     "remove",
     "remove_checkpoint_path",
     "saved_entry",
+    "saved_files",
     "scratch_folder",
     "staged_checkpoint_io_save",
     "staged_save",

@@ -86,10 +86,26 @@ def check_checkpoint_file(path: Any, checkpoint_io: Any, strategy: str) -> None:
         raise foreign_checkpoint_error(path, strategy, here=ONE_FILE)
 
 
-# The one-file form of another strategy's folder, written inside that folder on the first resume that needs it, and
-# the record of the folder's files it was converted from (``scratch.files_fingerprint``).
+# What strategies keep inside another strategy's folder, converted from it on the first resume that needs it: its
+# one-file form with the record of the folder's files it came from (``scratch.files_fingerprint``), and forms in a
+# package's own layout (``kept_form``), each a folder holding its own record. None of them is part of the checkpoint.
 ONE_FILE_NAME = "full.ckpt"
 ONE_FILE_SOURCE = "full.ckpt.source.json"
+KEPT_FORM_PREFIX = "converted-"
+
+
+def kept_form(folder: str | Path, layout: str) -> Path:
+    """Where a package keeps the folder ``folder`` (another strategy's checkpoint) converted to its layout
+    ``layout`` (its ``CheckpointFormat.key``) for reuse by later resumes."""
+    return Path(folder) / f"{KEPT_FORM_PREFIX}{layout}"
+
+
+def saved_files(folder: str | Path) -> dict[str, list[int]]:
+    """The record of another strategy's checkpoint folder that what is kept inside it was converted from: its own
+    files, those kept beside them left out (``files_fingerprint``)."""
+    found = identify(folder)
+    derived = found.derived if found is not None else ()
+    return files_fingerprint(Path(folder), leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, f"{KEPT_FORM_PREFIX}*", *derived))
 
 
 def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, native: Collection[str] = ()) -> Any:
@@ -127,7 +143,9 @@ def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None,
     except Exception as error:
         raise CheckpointError(
             f"{path} is {found.description}; {strategy} reads one checkpoint file, so it is converted to one at "
-            f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}."
+            f"{target} first, and that failed: {type(error).__name__}: {error} Resume it with {found.read_by}, or "
+            f"convert it where you can write (`lightning-strategies convert {path} OUT.ckpt --to full`) and resume "
+            "from OUT.ckpt."
         ) from error
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
     log.info(
@@ -140,7 +158,7 @@ def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None,
 def _write_one_file(path: Path, found: CheckpointFormat, target: Path, weights_only: bool | None) -> bool:
     """Convert ``path`` to one file at ``target`` unless the one there is of the folder's files as they are now;
     return whether it was reused."""
-    source = files_fingerprint(path, leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, *found.derived))
+    source = saved_files(path)
     if target.is_file() and read_record(path / ONE_FILE_SOURCE) == source:
         return True
     module, _, function = found.to_full_checkpoint.partition(":")

@@ -25,13 +25,21 @@ SCRATCH_PREFIX = f"{WORKING_PREFIX}scratch-"
 
 @contextmanager
 def scratch_folder(beside: str | os.PathLike[str]) -> Iterator[Path]:
-    """A hidden folder in ``beside`` for a conversion's intermediate files, removed afterwards; scratch folders left
-    there by killed conversions on this machine are removed first."""
+    """A hidden folder in ``beside`` for a conversion's intermediate files, removed afterwards (``new_scratch``)."""
+    folder = new_scratch(beside)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def new_scratch(beside: str | os.PathLike[str]) -> Path:
+    """A new hidden folder in ``beside`` named after this process, for the caller to remove; scratch folders left
+    there by processes of this machine that are gone (killed conversions) are removed first."""
     beside = Path(beside)
     beside.mkdir(parents=True, exist_ok=True)
     remove_abandoned_scratch(beside)
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{_process_name()}-", dir=beside) as folder:
-        yield Path(folder)
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{_process_name()}-", dir=beside))
 
 
 def _process_name() -> str:
