@@ -22,11 +22,14 @@ import pytest
 import torch
 from conftest import train_together
 
-from lightning_strategies.checkpoints import STAGING_FOLDER, kept_form
+from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import STAGING_FOLDER, kept_form, source_record
 from lightning_strategies.checkpoints.checkpoint_io import ONE_FILE_NAME, ONE_FILE_SOURCE
 from lightning_strategies.checkpoints.scratch import SCRATCH_PREFIX
 from lightning_strategies.cli import main as cli
 from lightning_strategies_deepspeed.checkpoint import convert_zero_checkpoint
+from lightning_strategies_deepspeed.foreign import _kept_in, universal_form
+from lightning_strategies_deepspeed.from_full import from_full_checkpoint
 
 pytest.importorskip("lightning_strategies_fsdp")
 
@@ -216,9 +219,10 @@ def test_the_universal_form_of_a_folder_is_kept_inside_it(folder, resumed):
     """fsdp -> deepspeed_stage_1 wrote it into the DCP folder, beside its one-file form; the resumes under stages 2
     and 3 after it read it as it was (their losses are those of the matrix)."""
     kept = kept_form(folder / "fsdp.ckpt", "deepspeed")
-    assert (kept / "latest_universal").is_file()
-    assert json.loads((kept / "source.json").read_text()), "the record of the folder's files it came from"
-    assert not list(kept.parent.glob(f"{SCRATCH_PREFIX}*"))
+    assert json.loads((kept / "source.json").read_text()) == source_record(folder / "fsdp.ckpt", fabric_keys=None)
+    # Written during the first of the three resumes, before its result; not written again by the two after it.
+    first_result = folder / "resumes" / "fsdp->deepspeed_stage_1.pt"
+    assert (kept / "latest_universal").stat().st_mtime_ns <= first_result.stat().st_mtime_ns
 
 
 @pytest.mark.parametrize("target", ["deepspeed_stage_2", "deepspeed_stage_3"])
@@ -261,11 +265,9 @@ def _adam_checkpoint(path):
     torch.save({"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()]}, path)
 
 
-def test_a_files_universal_form_is_removed_after_the_load_and_left_where_the_load_failed(tmp_path):
-    """A file's universal form lives in a scratch folder beside it for the load. Where the load failed, another rank
-    may still be reading it: it is left (named after this process) for the next conversion there to remove."""
-    from lightning_strategies_deepspeed.foreign import universal_form
-
+def test_a_files_universal_form_is_removed_after_the_load_and_after_a_failed_load(tmp_path):
+    """A file's universal form lives in a scratch folder beside it for the load. Where the load fails, it is removed
+    once every rank has left the load (here one process, without a process group)."""
     full = tmp_path / "ddp.ckpt"
     _adam_checkpoint(full)
     with universal_form(_OneProcess(), full, full, None) as target:
@@ -273,17 +275,13 @@ def test_a_files_universal_form_is_removed_after_the_load_and_left_where_the_loa
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
     with pytest.raises(RuntimeError, match="the load failed"), universal_form(_OneProcess(), full, full, None):
         raise RuntimeError("the load failed")
-    (left,) = tmp_path.glob(f"{SCRATCH_PREFIX}*")
-    assert (left / "universal" / "latest_universal").is_file()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
 
 
 def test_a_kept_universal_form_is_reused_until_the_folder_is_saved_again(tmp_path):
     """Another strategy's folder (its own files, and its one-file form inside): the universal form is converted from
     the one-file form once, read as it is while the folder's files are unchanged, and converted again once one of
     them was saved again."""
-    from lightning_strategies_deepspeed.foreign import _kept_in
-    from lightning_strategies_deepspeed.from_full import from_full_checkpoint
-
     folder = tmp_path / "other.ckpt"
     folder.mkdir()
     (folder / "__0_0.distcp").write_bytes(b"saved once")
@@ -295,10 +293,22 @@ def test_a_kept_universal_form_is_reused_until_the_folder_is_saved_again(tmp_pat
         conversions.append(target)
         from_full_checkpoint(full, target)
 
-    written, how = _kept_in(folder, convert)
+    written, how = _kept_in(folder, None, convert)
     assert written == str(kept_form(folder, "deepspeed")) and how.startswith("written at")
     assert (kept_form(folder, "deepspeed") / "latest_universal").is_file()
-    assert _kept_in(folder, convert)[1] == f"kept at {written} by an earlier resume" and len(conversions) == 1
+    assert _kept_in(folder, None, convert)[1] == f"kept at {written} by an earlier resume" and len(conversions) == 1
     (folder / "__0_0.distcp").write_bytes(b"saved again")
-    assert _kept_in(folder, convert)[1].startswith("written at") and len(conversions) == 2
+    assert _kept_in(folder, None, convert)[1].startswith("written at") and len(conversions) == 2
+    # Read for Fabric under other keys, it is converted again (the keys choose what it holds).
+    assert _kept_in(folder, ("net", "adam"), convert)[1].startswith("written at") and len(conversions) == 3
     assert sorted(path.name for path in folder.iterdir()) == ["__0_0.distcp", "converted-deepspeed", ONE_FILE_NAME]
+
+
+def test_a_folder_conversion_that_fails_leaves_no_universal_form(tmp_path):
+    folder = tmp_path / "other.ckpt"
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"saved once")
+    torch.save({"state_dict": {}}, folder / ONE_FILE_NAME)  # no weights: refused by the conversion
+    with pytest.raises(CheckpointError, match="no 'state_dict' entry"):
+        _kept_in(folder, None, lambda target: from_full_checkpoint(folder / ONE_FILE_NAME, target))
+    assert sorted(path.name for path in folder.iterdir()) == ["__0_0.distcp", ONE_FILE_NAME]

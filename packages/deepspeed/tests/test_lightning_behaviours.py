@@ -265,8 +265,9 @@ def test_another_strategys_file_loaded_with_two_optimizers_is_refused_in_words(e
 def test_a_trainer_checkpoint_loaded_by_fabric_is_refused_as_the_trainers(engine_checks: dict[str, Any]) -> None:
     """Not in Lightning: the refusal names the Trainer's layout and its resume, not missing optimizer states."""
     assert engine_checks["foreign_trainer_layout"].startswith(
-        "CheckpointError: The checkpoint has no 'model' entry (it holds ['optimizer_states', 'state_dict']): it is in "
-        "the Trainer's layout: resume it with trainer.fit(model, ckpt_path=path)."
+        "CheckpointError: The checkpoint has no 'model' entry (it holds ['optimizer_states', "
+        "'pytorch-lightning_version', 'state_dict']): it is in the Trainer's layout: resume it with "
+        "trainer.fit(model, ckpt_path=path)."
     ), engine_checks["foreign_trainer_layout"]
 
 
@@ -383,7 +384,8 @@ def _run_engine_checks(folder: Path) -> None:
     results["foreign_two_optimizers"] = error_of(lambda: fabric.load(folder / "plain.pt", state))
     # A file in the Trainer's layout, its optimizer states under "optimizer_states".
     trainer_file = folder / "trainer.ckpt"
-    torch.save({"state_dict": model.state_dict(), "optimizer_states": [{}]}, trainer_file)
+    torch.save({"state_dict": model.state_dict(), "optimizer_states": [{}], "pytorch-lightning_version": "2.6.6"},
+               trainer_file)  # fmt: skip
     with_optimizer = {"model": model, "optimizer": optimizer}
     results["foreign_trainer_layout"] = error_of(lambda: fabric.load(trainer_file, with_optimizer))
 

@@ -22,7 +22,6 @@ Fabric's ``load`` takes the same, saved by ``fabric.save`` under another strateg
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,17 +34,18 @@ from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import (
     FILE,
     as_trainer_layout,
+    cannot_write,
     check_seen,
+    convert_once,
+    every_rank_left,
     identify,
     is_local,
     kept_form,
     load_file,
     new_scratch,
     on_rank_zero,
-    read_record,
     saved_entry,
-    saved_files,
-    staged_save,
+    source_record,
 )
 from lightning_strategies_deepspeed.checkpoint_layout import DEEPSPEED
 from lightning_strategies_deepspeed.from_full import from_full_checkpoint, universal_from_full
@@ -86,10 +86,10 @@ def universal_form(
     it), made by global rank 0, in which every rank loads it within the block. Called on every rank together.
     ``fabric_keys``: the model's and the optimizer's keys of a file ``fabric.save`` wrote.
 
-    Another strategy's folder keeps it inside (``kept_form``), reused while the folder's files are those it was
-    converted from; a file's is written into a scratch folder beside it and removed once every rank has read it. If
-    the block fails, the scratch folder is left to the next conversion there (which removes it once this process
-    is gone): another rank may still be reading it."""
+    Another strategy's folder keeps it inside (``kept_form``), reused while the folder's files (and the keys) are
+    those it was converted from. A file's, or a folder's that cannot be written, goes into a scratch folder beside
+    it, removed once every rank has read it; where the block fails, once every rank has left it (else it is left,
+    named after this process, for a later conversion there to remove when the process is gone)."""
     checkpoint, full = Path(checkpoint), Path(full)
     by_hand = f"`lightning-strategies convert {full} OUT --to deepspeed`"
 
@@ -97,9 +97,9 @@ def universal_form(
         if isinstance(error, CheckpointError):
             return str(error)
         return (
-            f"{full} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written beside it "
-            f"first, and that failed: {type(error).__name__}: {error} Convert it where it can be written ({by_hand}) "
-            "and resume from OUT."
+            f"{full} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written first inside "
+            f"or beside it, and that failed: {type(error).__name__}: {error} Convert it where it can be written "
+            f"({by_hand}) and resume from OUT."
         )
 
     def convert(target: Path) -> None:
@@ -109,18 +109,25 @@ def universal_form(
             saved = load_file(full, weights_only, map_location="cpu", mmap=True)
             universal_from_full(as_trainer_layout(saved, *fabric_keys), full, target)
 
-    scratch: list[Path] = []
+    scratch: Path | None = None
 
-    def write() -> tuple[str, str]:
+    def write() -> tuple[str, str, bool]:
+        """Where rank 0 wrote (or found) the form, how it came to be there, and whether in a scratch folder."""
+        nonlocal scratch
         if checkpoint.is_dir():
-            return _kept_in(checkpoint, convert)
-        scratch.append(new_scratch(checkpoint.parent))
-        target = scratch[0] / "universal"
+            try:
+                return (*_kept_in(checkpoint, fabric_keys, convert), False)
+            except OSError as error:
+                if not cannot_write(error):
+                    raise
+                rank_zero_info(f"{checkpoint} cannot be written here ({error}): its universal form goes beside it.")
+        scratch = new_scratch(checkpoint.parent)
+        target = scratch / "universal"
         convert(target)
-        return str(target), f"written for this resume at {target} and removed after"
+        return str(target), f"written for this resume at {target} and removed after", True
 
     try:
-        target, how = on_rank_zero(strategy, write, failure)
+        target, how, in_scratch = on_rank_zero(strategy, write, failure)
         check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
     except BaseException:
         _remove(scratch)  # every rank ends here together: none reads it
@@ -129,25 +136,26 @@ def universal_form(
         f"Resuming {full} under {type(strategy).__name__} from its universal form, {how} (weights, Adam moments and "
         "steps, and the rest of what was saved, carried)."
     )
-    yield Path(target)
+    try:
+        yield Path(target)
+    except BaseException:
+        if in_scratch and every_rank_left("load") and strategy.is_global_zero:  # every rank decides alike
+            _remove(scratch)
+        raise
     strategy.barrier()  # every rank has read it before rank 0 removes it
     _remove(scratch)
 
 
-def _kept_in(folder: Path, convert: Callable[[Path], None]) -> tuple[str, str]:
+def _kept_in(folder: Path, fabric_keys: tuple[str, str] | None, convert: Callable[[Path], None]) -> tuple[str, str]:
     """The universal form kept inside another strategy's ``folder``: written unless the one there was converted from
-    the folder's files as they are now. Its place, and how it came to be there."""
+    the folder's files as they are now, with the same ``fabric_keys``. Its place, and how it came to be there."""
     target = kept_form(folder, DEEPSPEED.key)
-    source = saved_files(folder)
-    if read_record(target / SOURCE) == source:
+    source = source_record(folder, fabric_keys=list(fabric_keys) if fabric_keys else None)
+    if convert_once(target / "latest_universal", target / SOURCE, source, lambda: convert(target)):
         return str(target), f"kept at {target} by an earlier resume"
-    convert(target)  # written whole or not at all (staged)
-    # Recorded after the form is in place: a conversion killed before leaves no record, so the next converts again.
-    with staged_save(target / SOURCE) as staged:
-        staged.write_text(json.dumps(source, indent=1, sort_keys=True))
     return str(target), f"written at {target} and kept for later resumes (delete it to reclaim the space)"
 
 
-def _remove(scratch: list[Path]) -> None:
-    for folder in scratch:
-        shutil.rmtree(folder, ignore_errors=True)
+def _remove(scratch: Path | None) -> None:
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)

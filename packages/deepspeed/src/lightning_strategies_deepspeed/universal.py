@@ -20,7 +20,6 @@ re-save into the directory replaces the directory, universal form included.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -29,7 +28,14 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import check_seen, files_fingerprint, on_rank_zero, read_record, staged_save
+from lightning_strategies.checkpoints import (
+    cannot_write,
+    check_seen,
+    files_fingerprint,
+    on_rank_zero,
+    read_record,
+    staged_save,
+)
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import compatibility
 from lightning_strategies_deepspeed.checkpoint_layout import CONVERTED_SUFFIX
@@ -121,8 +127,8 @@ def _convert_once(
             checkpoints.write_universal(location.tag_folder, staged / universal_tag, location.directory, workers)
             staged.joinpath("latest_universal").write_text(universal_tag)
             staged.joinpath(SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True))
-    except (PermissionError, OSError) as error:
-        if isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES):
+    except OSError as error:
+        if cannot_write(error):
             raise _Unconvertible(
                 f"its universal form is kept inside the checkpoint folder, which cannot be written here ({error}). "
                 "Convert it by hand into a folder you can write: `python -m lightning_strategies_deepspeed.convert "

@@ -100,12 +100,28 @@ def kept_form(folder: str | Path, layout: str) -> Path:
     return Path(folder) / f"{KEPT_FORM_PREFIX}{layout}"
 
 
-def saved_files(folder: str | Path) -> dict[str, list[int]]:
-    """The record of another strategy's checkpoint folder that what is kept inside it was converted from: its own
-    files, those kept beside them left out (``files_fingerprint``)."""
+def source_record(folder: str | Path, **built_with: Any) -> dict[str, Any]:
+    """What a form kept inside another strategy's ``folder`` is converted from, to record beside it: the folder's own
+    files (``files_fingerprint``; what is kept inside left out) and ``built_with``, whatever else the conversion
+    took (the keys of a Fabric state). A kept form whose record differs is converted again."""
     found = identify(folder)
     derived = found.derived if found is not None else ()
-    return files_fingerprint(Path(folder), leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, f"{KEPT_FORM_PREFIX}*", *derived))
+    files = files_fingerprint(
+        Path(folder), leave_out=(ONE_FILE_NAME, ONE_FILE_SOURCE, f"{KEPT_FORM_PREFIX}*", *derived)
+    )
+    return {**built_with, "files": files} if built_with else files
+
+
+def convert_once(made: Path, record: Path, source: dict[str, Any], convert: Callable[[], Any]) -> bool:
+    """Run ``convert`` (which writes its output, ``made`` among it, whole or not at all) unless ``made`` is there
+    with the ``record`` of the ``source`` it was converted from; return whether it was reused. The record is written
+    after the output: a conversion killed before leaves none, so the next converts again."""
+    if made.exists() and read_record(record) == source:
+        return True
+    convert()
+    with staged_save(record) as staged:
+        staged.write_text(json.dumps(source, indent=1, sort_keys=True))
+    return False
 
 
 def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, native: Collection[str] = ()) -> Any:
@@ -158,15 +174,11 @@ def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None,
 def _write_one_file(path: Path, found: CheckpointFormat, target: Path, weights_only: bool | None) -> bool:
     """Convert ``path`` to one file at ``target`` unless the one there is of the folder's files as they are now;
     return whether it was reused."""
-    source = saved_files(path)
-    if target.is_file() and read_record(path / ONE_FILE_SOURCE) == source:
-        return True
     module, _, function = found.to_full_checkpoint.partition(":")
-    getattr(importlib.import_module(module), function)(path, target, weights_only)
-    # Recorded after the file is in place: a conversion killed before leaves no record, so the next converts again.
-    with staged_save(path / ONE_FILE_SOURCE) as staged:
-        staged.write_text(json.dumps(source, indent=1))
-    return False
+    to_full_checkpoint = getattr(importlib.import_module(module), function)
+    return convert_once(
+        target, path / ONE_FILE_SOURCE, source_record(path), lambda: to_full_checkpoint(path, target, weights_only)
+    )
 
 
 def weights_only_keyword(weights_only: bool | None) -> dict[str, bool]:

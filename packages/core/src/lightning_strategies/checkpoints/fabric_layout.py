@@ -21,7 +21,7 @@ def saved_entry(saved: Any, key: str) -> Any:
     """What ``fabric.save`` wrote under ``key``, or a refusal naming the keys it did write."""
     if not isinstance(saved, dict) or key not in saved:
         found = sorted(map(str, saved)) if isinstance(saved, dict) else type(saved).__name__
-        if isinstance(saved, dict) and TRAINER_KEYS[0] in saved:
+        if isinstance(saved, dict) and TRAINER_KEYS[0] in saved and "pytorch-lightning_version" in saved:
             fix = "it is in the Trainer's layout: resume it with trainer.fit(model, ckpt_path=path)"
         else:
             fix = "load it with the keys it was saved with, fabric.load(path, {KEY: model, ...}) with KEY as saved"

@@ -35,7 +35,7 @@ def _alone() -> None:
 
 
 # How long rank 0 waits, after a failed save, for the other ranks to leave it before removing what they staged.
-_FAILED_SAVE_WAIT_SECONDS = 30.0
+_FAILED_WAIT_SECONDS = 30.0
 
 
 @contextmanager
@@ -68,7 +68,7 @@ def staged_save(
     try:
         yield staged
     except BaseException:
-        others_done = _every_rank_left_failed_save() if barrier is not _alone else True
+        others_done = every_rank_left("save") if barrier is not _alone else True
         if is_global_zero and others_done:
             # The error the user sees stays the save's own: what cannot be removed now, the next save clears.
             with contextlib.suppress(OSError):
@@ -83,34 +83,40 @@ def staged_save(
     barrier()
 
 
-_failed_saves = 0
+_failures: dict[str, int] = {}
 
 
-def _every_rank_left_failed_save() -> bool:
-    """Count this rank out of the save that just failed; on rank 0, whether every rank did within the wait.
+def every_rank_left(block: str) -> bool:
+    """Count this rank out of the ``block`` (a save, a load) that just failed on it; on rank 0, whether every rank
+    did within a while (30 s), so that what the block wrote can be removed without pulling it from under a rank
+    still using it. True without a process group.
 
-    A barrier cannot be used here: a rank whose save went on would meet it in place of the one after the
-    writes, and rank 0 would publish a checkpoint missing that rank's files. Each failed save has its own key,
-    since every rank counts the saves that failed on it alike when they fail together.
+    A barrier cannot be used here: a rank whose block went on would meet it in place of the one after the block
+    (for a save, rank 0 would publish a checkpoint missing that rank's files). Each failed block has its own key,
+    since every rank counts the blocks that failed on it alike when they fail together.
     """
-    global _failed_saves
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return True
     from torch.distributed.distributed_c10d import _get_default_store
 
-    _failed_saves += 1
-    key = f"lightning_strategies/failed_save/{_failed_saves}"
+    _failures[block] = _failures.get(block, 0) + 1
+    key = f"lightning_strategies/failed_{block}/{_failures[block]}"
     store = _get_default_store()
     left = store.add(key, 1)
     if dist.get_rank() != 0:
         return False
-    deadline = time.monotonic() + _FAILED_SAVE_WAIT_SECONDS
+    deadline = time.monotonic() + _FAILED_WAIT_SECONDS
     while left < dist.get_world_size() and time.monotonic() < deadline:
         time.sleep(0.05)
         left = store.add(key, 0)
     return left >= dist.get_world_size()
+
+
+def cannot_write(error: OSError) -> bool:
+    """Whether ``error`` says the place cannot be written here (a read-only mount, another user's folder)."""
+    return isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def is_local(path: str | os.PathLike[str]) -> bool:
