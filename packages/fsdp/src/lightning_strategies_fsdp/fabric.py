@@ -157,8 +157,9 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         path = self._path_to_load(path)
         model_key, model = _the_model(state, "load")
         optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
-        # Another strategy's folder that its package writes as one file with everything (DeepSpeed's ZeRO folders)
-        # loads from that file, written once inside it by rank 0 in the Trainer's layout: read under state's keys.
+        # Another strategy's folder that its package writes as one file with everything (DeepSpeed's ZeRO folders,
+        # ColossalAI's sharded ones) loads from that file, written once inside it by rank 0 in the Trainer's layout:
+        # read under state's keys.
         one_file = Path(one_file_for(path, self, weights_only, native=(DCP.key,)))
         if one_file == path:
             read_full = checkpoints.checkpoint_io_reader(self.checkpoint_io, weights_only)
