@@ -93,3 +93,25 @@ def test_an_unknown_tier_is_refused():
 
     with pytest.raises(ValueError, match="Unknown conformance tier"):
         run_check("ddp", tiers=("speed",))
+
+
+@pytest.mark.parametrize(
+    ("late", "expected"),
+    [
+        pytest.param([], (2, 2), id="nothing-after-the-last-look"),
+        pytest.param(["save-end last.ckpt epoch=2"], (2, 2), id="the-save-being-written-ended"),
+        # An epoch shorter than a save: the next save began during the driver's sleep, so its
+        # publication may beat the kill and the resume may start after it.
+        pytest.param(["save-begin last.ckpt epoch=3"], (2, 3), id="a-save-began-before-the-kill"),
+        pytest.param(
+            ["save-begin last.ckpt epoch=3", "save-end last.ckpt epoch=3", "save-begin last.ckpt epoch=4"],
+            (3, 4),
+            id="one-ended-and-the-next-began",
+        ),
+        pytest.param(["save-begin epoch=3-step=12.ckpt epoch=3"], (2, 2), id="other-checkpoints-do-not-count"),
+    ],
+)
+def test_the_saves_at_a_kill_count_events_printed_before_it(late, expected):
+    from lightning_strategies.conformance.reliability import saves_at_kill
+
+    assert saves_at_kill(late, newest_complete=2, being_written=2) == expected

@@ -141,6 +141,21 @@ def _epoch(event: str) -> int:
     return int(event.rsplit("=", 1)[1])
 
 
+def saves_at_kill(late_events: list[str], newest_complete: int, being_written: int) -> tuple[int, int]:
+    """The newest complete ``last.ckpt`` and the one being written when the kill came.
+
+    ``late_events`` are those the run printed between the driver's last look and the kill. A
+    save can begin there too: an epoch can be shorter than a save, so the next save may start
+    while the driver sleeps before a "mid-epoch" kill, and its publication may beat the kill.
+    """
+    for event in late_events:
+        if event.startswith(_LAST_BEGIN):
+            being_written = _epoch(event)
+        elif event.startswith(_LAST_END):
+            newest_complete = _epoch(event)
+    return newest_complete, being_written
+
+
 def check_kills_and_resume(options: RunOptions, workdir: Path) -> list[dict[str, Any]]:
     """Crash-safe save and resume-after-kill results."""
     rng = random.Random(options.seed)
@@ -172,10 +187,9 @@ def check_kills_and_resume(options: RunOptions, workdir: Path) -> list[dict[str,
             else:
                 time.sleep(rng.uniform(0, save_seconds))
             run.kill()
-            late_ends = [event for event in run.remaining_events() if event.startswith(_LAST_END)]
-            if late_ends:
-                newest_complete = _epoch(late_ends[-1])
-            inside = plan == "inside-save" and not late_ends
+            late = run.remaining_events()
+            newest_complete, being_written = saves_at_kill(late, newest_complete, being_written)
+            inside = plan == "inside-save" and not any(event.startswith(_LAST_END) for event in late)
             if not (interrupted / CHECKPOINTS / "last.ckpt").exists():
                 problems.append(f"no last.ckpt after a kill {'inside' if inside else 'between'} saves")
             kills.append("inside a save" if inside else "between saves")
