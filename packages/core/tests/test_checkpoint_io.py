@@ -4,10 +4,13 @@ distributions (classes are matched by name)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,12 @@ from lightning_strategies.checkpoints import (
     CheckpointFormat,
     check_checkpoint_file,
     check_trainer_checkpoint,
+    convert_once,
     kept_form,
     on_rank_zero,
     one_file_for,
     reads_torch_save_files,
+    scratch,
     scratch_folder,
     staged_checkpoint_io_save,
 )
@@ -150,6 +155,53 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
     with written_by_another_package(tmp_path / "other.ckpt"):  # a layout without to_full_checkpoint: left to refuse
         (tmp_path / "other.ckpt").mkdir()
         assert one_file_for(tmp_path / "other.ckpt", _Strategy()) == tmp_path / "other.ckpt"
+
+
+def test_jobs_converting_one_source_at_once_take_turns(tmp_path: Path) -> None:
+    """Two runs resumed from one folder at once (threads here: each opens the lock as a process of its own would):
+    the second waits for the first's conversion and reuses it, rather than clearing its staged files."""
+    output, record = tmp_path / ONE_FILE_NAME, tmp_path / ONE_FILE_SOURCE
+    source = {"files": {"__0_0.distcp": [100, 1]}}
+    inside, finish = threading.Event(), threading.Event()
+    calls: list[str] = []
+    reused: dict[str, bool] = {}
+
+    def first_converts() -> None:
+        calls.append("first")
+        inside.set()
+        finish.wait(30)
+        output.write_text("converted")
+
+    def job(name: str, convert: Callable[[], object]) -> threading.Thread:
+        def resume() -> None:
+            reused[name] = convert_once(output, record, source, convert)
+
+        thread = threading.Thread(target=resume)
+        thread.start()
+        return thread
+
+    first = job("first", first_converts)
+    assert inside.wait(30)
+    second = job("second", lambda: calls.append("second"))
+    second.join(0.5)
+    assert second.is_alive()  # waiting for the first
+    finish.set()
+    first.join(30)
+    second.join(30)
+    assert reused == {"first": False, "second": True} and calls == ["first"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [ONE_FILE_NAME, ONE_FILE_SOURCE]  # no lock left
+
+
+def test_a_file_system_without_locks_converts_unguarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lustre mounted without ``-o flock`` answers ENOSYS; a stand-in says so here, where every file system locks."""
+
+    def no_locks(descriptor: int, operation: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(scratch.fcntl, "flock", no_locks)
+    output = tmp_path / ONE_FILE_NAME
+    assert not convert_once(output, tmp_path / ONE_FILE_SOURCE, {"files": {}}, lambda: output.write_text("converted"))
+    assert convert_once(output, tmp_path / ONE_FILE_SOURCE, {"files": {}}, pytest.fail)
 
 
 def test_a_failed_conversion_is_refused_and_leaves_nothing(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +23,7 @@ import torch
 from conftest import assert_weights_close, succeeded, train_together
 
 from lightning_strategies import CheckpointError
+from lightning_strategies.checkpoints import one_conversion_at_a_time
 from lightning_strategies_deepspeed.checkpoint import CheckpointLocation, load_into_engine, locate
 from lightning_strategies_deepspeed.universal import SOURCE, _convert_once, converted_path
 
@@ -163,6 +166,31 @@ def test_a_checkpoint_saved_again_is_converted_again_and_a_foreign_folder_is_lef
     with pytest.raises(CheckpointError, match="not written by this conversion"):
         _convert_once(location, target, workers=1, weights_only=None)
     assert (target / "latest_universal").is_file()
+
+
+def test_a_second_job_waits_for_the_conversion_under_way_and_reuses_it(one_process, folder, tmp_path):
+    """Two runs resumed from one checkpoint on another world size at once: the second does not convert beside the
+    first (each would clear the other's staged files) but waits for it and reads its universal form."""
+    succeeded(one_process, "resumed-deepspeed_stage_2")
+    saved = folder / "deepspeed_stage_2.ckpt"
+    copy = tmp_path / "copy.ckpt"
+    shutil.copytree(saved, copy, ignore=shutil.ignore_patterns("*-universal"))  # as saved: not converted yet
+    location = locate(copy)
+    target = converted_path(location)
+    holding = threading.Event()
+
+    def first_job():
+        with one_conversion_at_a_time(target):
+            holding.set()
+            time.sleep(3)  # the second job's checks before converting take about a second
+            shutil.copytree(converted_path(locate(saved)), target)  # what its conversion publishes
+
+    first = threading.Thread(target=first_job)
+    first.start()
+    assert holding.wait(30)
+    assert "converted on an earlier resume" in _convert_once(location, target, workers=1, weights_only=None)
+    first.join(30)
+    assert sorted(path.name for path in copy.iterdir()) == sorted(path.name for path in saved.iterdir())
 
 
 def test_universal_loading_is_set_for_that_load_alone(tmp_path):

@@ -151,7 +151,7 @@ def _kept_in(folder: Path, fabric_keys: tuple[str, str] | None, convert: Callabl
     the folder's files as they are now, with the same ``fabric_keys``. Its place, and how it came to be there."""
     target = kept_form(folder, DEEPSPEED.key)
     source = source_record(folder, fabric_keys=list(fabric_keys) if fabric_keys else None)
-    if convert_once(target / "latest_universal", target / SOURCE, source, lambda: convert(target)):
+    if convert_once(target / "latest_universal", target / SOURCE, source, lambda: convert(target), output=target):
         return str(target), f"kept at {target} by an earlier resume"
     return str(target), f"written at {target} and kept for later resumes (delete it to reclaim the space)"
 

@@ -15,7 +15,8 @@ wait for its answer in a broadcast. It writes into a hidden staging folder and r
 once whole, so a conversion killed or failed half way leaves nothing under the name. ``source.json``
 records the size and modification time of every saved file: the next resume on any number of processes
 reuses the universal form while it matches, and converts again when the checkpoint was replaced. A
-re-save into the directory replaces the directory, universal form included.
+re-save into the directory replaces the directory, universal form included. Jobs resuming one checkpoint at
+once take turns (core's ``one_conversion_at_a_time``): the second reuses what the first converted.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lightning_strategies.checkpoints import (
     check_seen,
     files_fingerprint,
     on_rank_zero,
+    one_conversion_at_a_time,
     read_record,
     staged_save,
 )
@@ -103,30 +105,28 @@ def resume_anywhere(
 def _convert_once(
     location: checkpoints.CheckpointLocation, target: Path, workers: int, weights_only: bool | None
 ) -> str:
-    """Write (or find) the universal form at ``target``; return the line saying which."""
+    """Write (or find) the universal form at ``target``; return the line saying which. Jobs resuming the same
+    checkpoint at once take turns (``one_conversion_at_a_time``): the second finds the first's form and reuses it."""
     source = _fingerprint(location)
     processes = "process" if source["world_size"] == 1 else "processes"
-    if target.exists():
-        recorded = read_record(target / SOURCE)
-        if recorded is None:
-            raise _Unconvertible(
-                f"{target} exists and was not written by this conversion; it is left as it is. Move it away to "
-                "resume here, or convert by hand into another folder."
-            )
-        if recorded == source:
-            return (
-                f"Resuming {location.directory} (saved on {source['world_size']} {processes}) from its universal "
-                f"form {target}, converted on an earlier resume."
-            )
+    reused = (
+        f"Resuming {location.directory} (saved on {source['world_size']} {processes}) from its universal form "
+        f"{target}, converted on an earlier resume."
+    )
+    if _made_from(target, source):
+        return reused
     checkpoints.check_model_states_load(location, weights_only)
     _check_adam_state(location, source["world_size"])
     universal_tag = location.tag + checkpoints.UNIVERSAL_SUFFIX
     try:
-        with staged_save(target) as staged:
-            staged.mkdir(parents=True)
-            checkpoints.write_universal(location.tag_folder, staged / universal_tag, location.directory, workers)
-            staged.joinpath("latest_universal").write_text(universal_tag)
-            staged.joinpath(SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True))
+        with one_conversion_at_a_time(target):
+            if _made_from(target, source):  # by the job this one waited for
+                return reused
+            with staged_save(target) as staged:
+                staged.mkdir(parents=True)
+                checkpoints.write_universal(location.tag_folder, staged / universal_tag, location.directory, workers)
+                staged.joinpath("latest_universal").write_text(universal_tag)
+                staged.joinpath(SOURCE).write_text(json.dumps(source, indent=1, sort_keys=True))
     except OSError as error:
         if cannot_write(error):
             raise _Unconvertible(
@@ -139,6 +139,20 @@ def _convert_once(
         f"Converted {location.directory} (saved on {source['world_size']} {processes}) to DeepSpeed's universal "
         f"layout at {target}, to resume on another number of processes; later resumes reuse it."
     )
+
+
+def _made_from(target: Path, source: dict[str, Any]) -> bool:
+    """Whether ``target`` is the universal form of ``source``: False where there is none or it is stale (converted
+    again); refused where the folder there was not written by this conversion."""
+    if not target.exists():
+        return False
+    recorded = read_record(target / SOURCE)
+    if recorded is None:
+        raise _Unconvertible(
+            f"{target} exists and was not written by this conversion; it is left as it is. Move it away to "
+            "resume here, or convert by hand into another folder."
+        )
+    return recorded == source
 
 
 class _Unconvertible(CheckpointError):

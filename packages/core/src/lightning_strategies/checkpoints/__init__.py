@@ -8,7 +8,8 @@
 - ``fabric_layout``: one checkpoint file in the Trainer's layout or under the keys of a Fabric state.
 - ``optimizer_keys``: optimizer states keyed by parameter name from those torch keys by position, and param
   groups of one Adam-family optimizer for another.
-- ``scratch``: conversions' scratch folders (those of killed conversions removed) and the fingerprint of a source.
+- ``scratch``: conversions' scratch folders (those of killed conversions removed), the fingerprint of a source, and
+  the lock that makes jobs converting one checkpoint take turns.
 - ``rank_zero``: work on a checkpoint that global rank 0 does for every rank, its failure raised on all of them.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
@@ -37,7 +38,13 @@ from lightning_strategies.checkpoints.formats import (
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.optimizer_keys import adopted_param_groups, keyed_by_name
 from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
-from lightning_strategies.checkpoints.scratch import files_fingerprint, new_scratch, read_record, scratch_folder
+from lightning_strategies.checkpoints.scratch import (
+    files_fingerprint,
+    new_scratch,
+    one_conversion_at_a_time,
+    read_record,
+    scratch_folder,
+)
 from lightning_strategies.checkpoints.staging import (
     STAGING_FOLDER,
     cannot_write,
@@ -75,6 +82,7 @@ __all__ = [
     "load_file",
     "new_scratch",
     "on_rank_zero",
+    "one_conversion_at_a_time",
     "one_file_for",
     "publish",
     "read_record",

@@ -20,7 +20,7 @@ from typing import Any
 from lightning_strategies.checkpoints.formats import FILE, CheckpointFormat, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints.loading import check_file
 from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
-from lightning_strategies.checkpoints.scratch import files_fingerprint, read_record
+from lightning_strategies.checkpoints.scratch import files_fingerprint, one_conversion_at_a_time, read_record
 from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
 
@@ -112,15 +112,26 @@ def source_record(folder: str | Path, **built_with: Any) -> dict[str, Any]:
     return {**built_with, "files": files} if built_with else files
 
 
-def convert_once(made: Path, record: Path, source: dict[str, Any], convert: Callable[[], Any]) -> bool:
-    """Run ``convert`` (which writes its output, ``made`` among it, whole or not at all) unless ``made`` is there
-    with the ``record`` of the ``source`` it was converted from; return whether it was reused. The record is written
-    after the output: a conversion killed before leaves none, so the next converts again."""
-    if made.exists() and read_record(record) == source:
+def convert_once(
+    made: Path, record: Path, source: dict[str, Any], convert: Callable[[], Any], output: Path | None = None
+) -> bool:
+    """Run ``convert`` (which writes its ``output``, ``made`` itself or a folder holding ``made``, whole or not at all)
+    unless ``made`` is there with the ``record`` of the ``source`` it was converted from; return whether it was
+    reused. The record is written after the output: a conversion killed before leaves none, so the next converts
+    again. Jobs converting the same source at once take turns (``one_conversion_at_a_time`` on ``output``); one that
+    finds the output current writes nothing."""
+
+    def current() -> bool:
+        return made.exists() and read_record(record) == source
+
+    if current():
         return True
-    convert()
-    with staged_save(record) as staged:
-        staged.write_text(json.dumps(source, indent=1, sort_keys=True))
+    with one_conversion_at_a_time(output or made):
+        if current():  # made by the job this one waited for
+            return True
+        convert()
+        with staged_save(record) as staged:
+            staged.write_text(json.dumps(source, indent=1, sort_keys=True))
     return False
 
 

@@ -7,16 +7,24 @@ is gone (killed mid-way, nothing removed it) instead of leaving it to fill the d
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
+import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+if sys.platform != "win32":
+    import fcntl
+
+log = logging.getLogger(__name__)
 
 # Every working folder of this project begins with it (staging of saves, scratch folders): never part of a checkpoint.
 WORKING_PREFIX = ".lightning-strategies-"
@@ -79,6 +87,48 @@ def _running(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+@contextmanager
+def one_conversion_at_a_time(output: Path) -> Iterator[None]:
+    """Hold the lock of the conversion that writes ``output`` (a file or a folder) for the block: a second job
+    converting the same checkpoint (two runs resumed from it at once) waits here, then finds the output there to
+    reuse, instead of each clearing the other's staged files. The lock is an empty hidden file beside ``output``,
+    which its holder removes before letting go, so none is left in the checkpoint; a process that waited on it then
+    finds it gone and locks a new one. Opening it raises as writing there would (a read-only folder); on a file
+    system without locks the block runs unguarded."""
+    if sys.platform == "win32":
+        yield
+        return
+    lock = output.parent / f"{WORKING_PREFIX}{output.name}.lock"
+    while True:
+        with open(lock, "a") as handle:
+            if _take(handle.fileno(), lock, output):
+                try:
+                    yield
+                finally:
+                    lock.unlink(missing_ok=True)
+                return
+
+
+def _take(descriptor: int, lock: Path, output: Path) -> bool:
+    """Lock the file ``lock`` open as ``descriptor``, waiting for its holder; False where the holder removed it
+    meanwhile (lock the new one). A file system without locks counts as locked."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info(f"Another process is converting a checkpoint to {output}; waiting for it, to reuse what it writes.")
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):  # Lustre without -o flock, ...
+            raise
+        return True
+    held = os.fstat(descriptor)
+    try:
+        named = lock.stat()
+    except FileNotFoundError:
+        return False
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
 def files_fingerprint(folder: Path, leave_out: Collection[str] = ()) -> dict[str, list[int]]:
