@@ -142,7 +142,13 @@ def load_sessions(results: Path) -> list[tuple[dict[str, Any], list[dict[str, An
     sessions = []
     for summary_path in sorted(results.glob("*.summary.json")):
         summary = json.loads(summary_path.read_text())
-        lines = (results / summary["results_file"]).read_text().splitlines()
+        records = results / summary["results_file"]
+        if not records.is_file():
+            raise SystemExit(
+                f"{summary_path} names its records {records.name}, which is not in {results}: copy the .jsonl of "
+                "that session beside it, or set its results_file to the name the records were copied under."
+            )
+        lines = records.read_text().splitlines()
         sessions.append((summary, [json.loads(line) for line in lines if line.strip()]))
     # Newest first.
     sessions.sort(key=lambda session: session[0].get("started", ""), reverse=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,21 @@ def test_report_without_results_says_none_were_measured(tmp_path: Path) -> None:
     report.write(tmp_path / "results", page)
     assert "No results have been measured yet" in page.read_text()
     assert "tokens/s |" not in page.read_text()
+
+
+def test_the_report_reads_every_session_kept_in_the_repository(tmp_path: Path) -> None:
+    """Each summary in docs/results names its records file beside it (a session copied in under another name once
+    did not, and `python -m tools.benchmark report` ended in a FileNotFoundError)."""
+    from tools.benchmark import report
+
+    kept = REPOSITORY / "docs" / "results"
+    shutil.copytree(kept, tmp_path / "results")  # the report draws its plots beside the records
+    summaries = sorted(kept.glob("*.summary.json"))
+    assert summaries
+    for summary in summaries:
+        assert (kept / json.loads(summary.read_text())["results_file"]).is_file(), summary.name
+    report.write(tmp_path / "results", tmp_path / "records.md")
+    assert len(report.load_sessions(tmp_path / "results")) == len(summaries)
 
 
 def test_a_crashing_run_becomes_a_recorded_failure(tmp_path: Path) -> None:
