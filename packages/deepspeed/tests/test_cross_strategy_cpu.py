@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -225,6 +226,21 @@ def test_the_universal_form_of_a_folder_is_kept_inside_it(folder, resumed):
     assert (kept / "latest_universal").stat().st_mtime_ns <= first_result.stat().st_mtime_ns
 
 
+def test_a_kept_universal_form_is_read_without_the_one_file_form(folder, resumed, tmp_path):
+    """The one-file form, which the log says may be deleted to reclaim its space, is not written again for a resume
+    under deepspeed while the universal form kept beside it is current: that form is read as it is."""
+    copy = tmp_path / "fsdp.ckpt"
+    shutil.copytree(folder / "fsdp.ckpt", copy)  # times kept: the kept form's record still matches
+    (copy / ONE_FILE_NAME).unlink()
+    (copy / ONE_FILE_SOURCE).unlink()
+    kept = kept_form(copy, "deepspeed")
+    written = (kept / "latest_universal").stat().st_mtime_ns
+    with universal_form(_OneProcess(), copy, None, pytest.fail) as target:
+        assert target == kept
+    assert (kept / "latest_universal").stat().st_mtime_ns == written
+    assert not (copy / ONE_FILE_NAME).exists()
+
+
 @pytest.mark.parametrize("target", ["deepspeed_stage_2", "deepspeed_stage_3"])
 def test_evaluation_under_zero_loads_each_other_strategys_checkpoint(saved, resumed, target):
     """Issue 29, item 6: validate, test and predict with ckpt_path= a ddp file, an fsdp folder, a ddp file of the run's
@@ -257,6 +273,10 @@ class _OneProcess:
         pass
 
 
+def _holds_adam(full):
+    assert torch.load(full)["optimizer_states"][0]["state"], "checked before the conversion"
+
+
 def _adam_checkpoint(path):
     model = torch.nn.Linear(3, 2)
     optimizer = torch.optim.Adam(model.parameters())
@@ -270,10 +290,10 @@ def test_a_files_universal_form_is_removed_after_the_load_and_after_a_failed_loa
     once every rank has left the load (here one process, without a process group)."""
     full = tmp_path / "ddp.ckpt"
     _adam_checkpoint(full)
-    with universal_form(_OneProcess(), full, full, None) as target:
+    with universal_form(_OneProcess(), full, None, _holds_adam) as target:
         assert (target / "latest_universal").is_file() and target.parent.name.startswith(SCRATCH_PREFIX)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
-    with pytest.raises(RuntimeError, match="the load failed"), universal_form(_OneProcess(), full, full, None):
+    with pytest.raises(RuntimeError, match="the load failed"), universal_form(_OneProcess(), full, None, _holds_adam):
         raise RuntimeError("the load failed")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -261,21 +262,23 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
                 f"The state to load holds several optimizers ({', '.join(map(repr, optimizer_keys))}), but a DeepSpeed "
                 "engine has one. Keep only the optimizer returned by fabric.setup(model, optimizer) in the state."
             )
-        full = one_file_for(path, self, weights_only)
         if not optimizer_keys:
-            saved = load_file(full, weights_only, map_location="cpu", mmap=True)
+            saved = load_file(one_file_for(path, self, weights_only), weights_only, map_location="cpu", mmap=True)
             weights = saved_entry(saved, model_key)  # refused by name before the engine is touched
             self._load_whole_weights(engine.module, engine.optimizer, weights, strict)
             return _restored(state, {key: value for key, value in saved.items() if key != model_key})
         (optimizer_key,) = optimizer_keys
         keys = (model_key, optimizer_key)
-        if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only, keys)):
-            raise CheckpointError(
-                f"{path} holds no optimizer state under {optimizer_key!r}, so the optimizer would start afresh. To "
-                f"agree, load without it: fabric.load(path, {{{model_key!r}: model}}); to go on with the saved run's "
-                "optimizer, load a checkpoint saved with it."
-            )
-        with foreign.universal_form(self, path, full, weights_only, (model_key, optimizer_key)) as target:
+
+        def check(full: Path) -> None:
+            if not foreign.holds_optimizer_states(full, weights_only, keys):
+                raise CheckpointError(
+                    f"{path} holds no optimizer state under {optimizer_key!r}, so the optimizer would start afresh. "
+                    f"To agree, load without it: fabric.load(path, {{{model_key!r}: model}}); to go on with the saved "
+                    "run's optimizer, load a checkpoint saved with it."
+                )
+
+        with foreign.universal_form(self, path, weights_only, check, keys) as target:
             location, layout = checkpoints.inspect(target, weights_only)
             client_state = checkpoints.load_into_engine(
                 engine, location, layout, self.world_size,

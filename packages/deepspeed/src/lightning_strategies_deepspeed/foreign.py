@@ -8,9 +8,10 @@ inside the folder (core's ``one_file_for``).
 - Fitting with an optimizer: global rank 0 writes the file in DeepSpeed's universal layout (``from_full``: each
   parameter's fp32 value and Adam moments by name), and every rank loads it with DeepSpeed's universal loader on
   its own partitions. A folder keeps it inside, beside its one-file form (``converted-deepspeed``), for later
-  resumes; a file's goes into a scratch folder beside it, removed once every rank has read it, and is written again
-  on every such resume (about four times the fp32 weights of disk, for as long as the load takes): convert once by
-  hand (``lightning-strategies convert CKPT OUT --to deepspeed``) to keep it.
+  resumes, which read it without the one-file form (deleted, that is not written again for them); a file's goes
+  into a scratch folder beside it, removed once every rank has read it, and is written again on every such resume
+  (about four times the fp32 weights of disk, for as long as the load takes): convert once by hand
+  (``lightning-strategies convert CKPT OUT --to deepspeed``) to keep it.
 - Fitting from a file without optimizer states: refused (as ``ddp`` refuses it), naming ``load_full_weights=True``
   to agree to a fresh optimizer.
 - Otherwise (validate, test, predict; a fit without an optimizer): its weights load as with
@@ -44,6 +45,7 @@ from lightning_strategies.checkpoints import (
     load_file,
     new_scratch,
     on_rank_zero,
+    one_file_here,
     saved_entry,
     source_record,
 )
@@ -78,31 +80,35 @@ def holds_optimizer_states(
 def universal_form(
     strategy: Any,
     checkpoint: Any,
-    full: str | Path,
     weights_only: bool | None,
+    check: Callable[[Path], None],
     fabric_keys: tuple[str, str] | None = None,
 ) -> Iterator[Path]:
-    """The universal form of the full checkpoint file ``full`` (``checkpoint`` itself, or its one-file form inside
-    it), made by global rank 0, in which every rank loads it within the block. Called on every rank together.
+    """The universal form of another strategy's ``checkpoint`` (a full checkpoint file, or a folder converted from its
+    one-file form), made by global rank 0, in which every rank loads it within the block. Called on every rank
+    together. ``check`` refuses the full file before it is converted (one without the optimizer states to carry);
     ``fabric_keys``: the model's and the optimizer's keys of a file ``fabric.save`` wrote.
 
-    Another strategy's folder keeps it inside (``kept_form``), reused while the folder's files (and the keys) are
-    those it was converted from. A file's, or a folder's that cannot be written, goes into a scratch folder beside
-    it, removed once every rank has read it; where the block fails, once every rank has left it (else it is left,
-    named after this process, for a later conversion there to remove when the process is gone)."""
-    checkpoint, full = Path(checkpoint), Path(full)
-    by_hand = f"`lightning-strategies convert {full} OUT --to deepspeed`"
+    A folder keeps it inside (``kept_form``), reused while the folder's files (and the keys) are those it was
+    converted from: the folder's one-file form is then not read, and may have been deleted. A file's, or a folder's
+    that cannot be written, goes into a scratch folder beside it, removed once every rank has read it; where the block
+    fails, once every rank has left it (else it is left, named after this process, for a later conversion there to
+    remove when the process is gone)."""
+    checkpoint = Path(checkpoint)
+    by_hand = f"`lightning-strategies convert {checkpoint} OUT --to deepspeed`"
 
     def failure(error: Exception) -> str:
         if isinstance(error, CheckpointError):
             return str(error)
         return (
-            f"{full} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written first inside "
-            f"or beside it, and that failed: {type(error).__name__}: {error} Convert it where it can be written "
-            f"({by_hand}) and resume from OUT."
+            f"{checkpoint} is read under {type(strategy).__name__} in DeepSpeed's universal layout, written first "
+            f"inside or beside it, and that failed: {type(error).__name__}: {error} Convert it where it can be "
+            f"written ({by_hand}) and resume from OUT."
         )
 
     def convert(target: Path) -> None:
+        full = one_file_here(checkpoint, type(strategy).__name__, weights_only)
+        check(full)
         if fabric_keys is None:
             from_full_checkpoint(full, target, weights_only)
         else:
@@ -128,13 +134,13 @@ def universal_form(
 
     try:
         target, how, in_scratch = on_rank_zero(strategy, write, failure)
-        check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {full}", by_hand)
+        check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {checkpoint}", by_hand)
     except BaseException:
         _remove(scratch)  # every rank ends here together: none reads it
         raise
     rank_zero_info(
-        f"Resuming {full} under {type(strategy).__name__} from its universal form, {how} (weights, Adam moments and "
-        "steps, and the rest of what was saved, carried)."
+        f"Resuming {checkpoint} under {type(strategy).__name__} from its universal form, {how} (weights, Adam moments "
+        "and steps, and the rest of what was saved, carried)."
     )
     try:
         yield Path(target)

@@ -320,25 +320,27 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
         )
 
     def _load_foreign(self, path: Any, weights_only: bool | None) -> dict[str, Any]:
-        """Another strategy's checkpoint, in its one-file form (``foreign``): its weights and optimizer states when
-        fitting with an optimizer, through DeepSpeed's universal layout; else its weights alone."""
-        full = one_file_for(path, self, weights_only)
+        """Another strategy's checkpoint (``foreign``): its weights and optimizer states when fitting with an
+        optimizer, through DeepSpeed's universal layout; else its weights alone, from its one-file form."""
         assert self.lightning_module is not None and self.model is not None
         fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
         if not (fitting and self.model.optimizer is not None):
-            checkpoint = self._load_full_weights_file(full, weights_only)
+            checkpoint = self._load_full_weights_file(one_file_for(path, self, weights_only), weights_only)
             self._full_weights_pending = True
             return checkpoint
-        if not on_rank_zero(self, lambda: foreign.holds_optimizer_states(full, weights_only)):
-            # Lightning leaves restoring the optimizer to this strategy (lightning_restore_optimizer is False), so
-            # its own refusal of a fit from weights alone never comes: the optimizer would start afresh unsaid.
-            raise CheckpointError(
-                f"Trying to restore optimizer state but checkpoint contains only the model: {path} holds no optimizer "
-                "states, so the optimizer would start afresh. To agree, resume with DeepSpeedStrategy("
-                "load_full_weights=True) (the weights, schedulers and loops resume); to go on with the saved run's "
-                "optimizer, resume from a checkpoint saved with it."
-            )
-        with foreign.universal_form(self, path, full, weights_only) as target:
+
+        def check(full: Path) -> None:
+            if not foreign.holds_optimizer_states(full, weights_only):
+                # Lightning leaves restoring the optimizer to this strategy (lightning_restore_optimizer is False),
+                # so its own refusal of a fit from weights alone never comes: the optimizer would start afresh unsaid.
+                raise CheckpointError(
+                    f"Trying to restore optimizer state but checkpoint contains only the model: {path} holds no "
+                    "optimizer states, so the optimizer would start afresh. To agree, resume with DeepSpeedStrategy("
+                    "load_full_weights=True) (the weights, schedulers and loops resume); to go on with the saved "
+                    "run's optimizer, resume from a checkpoint saved with it."
+                )
+
+        with foreign.universal_form(self, path, weights_only, check) as target:
             location, layout = checkpoints.inspect(target, weights_only)
             return self._load_into_engine(location, layout, True, weights_only)
 

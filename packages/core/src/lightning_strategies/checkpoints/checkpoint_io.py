@@ -157,6 +157,13 @@ def one_file_for(path: Any, strategy: Any, weights_only: bool | None = None, nat
     return target
 
 
+def one_file_here(path: str | Path, strategy: str, weights_only: bool | None = None) -> Path:
+    """What ``one_file_for`` reads for ``path``, made (or found current) by this process alone: for work global rank
+    0 does for every rank (``on_rank_zero``) that reads the one file itself. ``strategy`` names the reader in the
+    refusal of a folder that cannot be converted."""
+    return Path(_one_file_on_rank_zero(Path(path), strategy, weights_only, ()) or path)
+
+
 def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None, native: Collection[str]) -> str | None:
     """The one-file form of ``path`` where it is a folder to convert (None: load ``path`` itself)."""
     if not path.is_dir():
