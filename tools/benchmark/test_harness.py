@@ -502,3 +502,62 @@ def test_hugging_face_page_gives_the_medians_the_docs_state() -> None:
         table["fsdp compiled, bf16 reduce"]["median"],
         round(100 * table["fsdp compiled, bf16 reduce"]["mfu"], 1),
     ) == (44399, 54.1)
+
+
+def _kept_parts(folder: Path) -> Path:
+    """The folders `reproduce run` fills, from sessions kept in docs/results: the four-GPU scaling session, the
+    Hugging Face 8B on four GPUs and two 13B offload rounds on one GPU."""
+    kept = REPOSITORY / "docs" / "results"
+    for part in ("scaling", "hugging-face", "offload/round-1", "offload/round-2"):
+        (folder / part).mkdir(parents=True)
+    for suffix in (".jsonl", ".summary.json"):
+        shutil.copy(kept / f"2026-11-28-h200x4-scaling-1.3b-4x{suffix}", folder / "scaling")
+    shutil.copy(kept / "2026-11-28-h200x4-hugging-face-8b-compile.jsonl", folder / "hugging-face/hugging-face-8b.jsonl")
+    for round_, name in enumerate(
+        ["2026-11-24-h200-memory-accuracy-ds-13b-fp32-1x", "2026-11-23-h200-memory-accuracy-largest-1x"], 1
+    ):
+        shutil.copy(kept / f"{name}.json", folder / f"offload/round-{round_}/memory-accuracy.json")
+    return folder
+
+
+def test_the_reproduction_page_gives_medians_speedups_and_plots_of_every_part(tmp_path: Path) -> None:
+    from tools.benchmark import reproduce
+
+    out = _kept_parts(tmp_path / "out")
+    text = reproduce.page(out)
+    assert (out / "README.md").read_text() == text
+    records = [json.loads(line) for line in (out / "scaling/2026-11-28-h200x4-scaling-1.3b-4x.jsonl").open()]
+    for run in ("trainer:deepspeed_stage_3", "trainer:colossalai_cuda"):
+        speeds = {r["devices"]: r["tokens_per_second"] for r in records if r["run"] == run and r["status"] == "ok"}
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{run}` |"))
+        assert row.endswith(f"| {speeds[4] / speeds[1]:.2f}x |") and f"{speeds[4]:,.0f}" in row
+    (offloaded,) = [
+        r
+        for r in json.load((out / "offload/round-1/memory-accuracy.json").open())
+        if r["id"] == "largest-ds3-13b-accumulate-8"
+    ]
+    row = next(line for line in text.splitlines() if line.startswith("| largest-ds3-13b-accumulate-8 |"))
+    assert f"{offloaded['speed']['tokens_per_second']:,.0f}" in row and f"{100 * offloaded['speed']['mfu']:.1f}%" in row
+    assert "| fsdp compiled | 4 |" in text  # the Hugging Face suite's own table
+    for name in ("scaling.png", "sizes.png", "hugging-face/page.md"):
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_reproduce_runs_a_part_and_says_how_each_ended(tmp_path: Path) -> None:
+    """The scaling part on CPU (tiny model; the runs that need CUDA are recorded as skipped), then the page."""
+    from tools.benchmark import reproduce
+
+    tiny = "--batch-size 2 --length 32 --warmup-steps 1 --timed-steps 2"
+    reproduce.main([
+        "run", "--out", str(tmp_path), "--parts", "scaling", "--accelerator", "cpu", "--devices", "2",
+        "--repeats", "1", "--scaling-size", "tiny", "--scaling-args", tiny, "--timeout", "300",
+    ])  # fmt: skip
+    (ended,) = [json.loads(line) for line in (tmp_path / "parts.jsonl").open()]
+    assert (
+        ended["part"] == "scaling"
+        and ended["exit"] == 0
+        and ended["command"].startswith("python -m tools.benchmark run")
+    )
+    text = (tmp_path / "README.md").read_text()
+    assert "| `trainer:fsdp` |" in text and "Not measured (no records in hugging-face/)" in text
+    assert ended["command"] in text and (tmp_path / "scaling.png").is_file()
