@@ -9,12 +9,12 @@ global batch is the same at every world size: the resumed losses must continue t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import shutil
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,8 +23,10 @@ import torch
 from conftest import assert_weights_close, succeeded, train_together
 
 from lightning_strategies import CheckpointError
-from lightning_strategies.checkpoints import one_conversion_at_a_time
-from lightning_strategies_deepspeed.checkpoint import CheckpointLocation, load_into_engine, locate
+from lightning_strategies.checkpoints import one_conversion_at_a_time, rank_zero, scratch
+from lightning_strategies.checkpoints.scratch import SCRATCH_PREFIX
+from lightning_strategies_deepspeed import universal
+from lightning_strategies_deepspeed.checkpoint import CheckpointLocation, inspect, load_into_engine, locate
 from lightning_strategies_deepspeed.universal import SOURCE, _convert_once, converted_path
 
 STEPS = 4
@@ -168,7 +170,7 @@ def test_a_checkpoint_saved_again_is_converted_again_and_a_foreign_folder_is_lef
     assert (target / "latest_universal").is_file()
 
 
-def test_a_second_job_waits_for_the_conversion_under_way_and_reuses_it(one_process, folder, tmp_path):
+def test_a_second_job_waits_for_the_conversion_under_way_and_reuses_it(one_process, folder, tmp_path, monkeypatch):
     """Two runs resumed from one checkpoint on another world size at once: the second does not convert beside the
     first (each would clear the other's staged files) but waits for it and reads its universal form."""
     succeeded(one_process, "resumed-deepspeed_stage_2")
@@ -177,12 +179,19 @@ def test_a_second_job_waits_for_the_conversion_under_way_and_reuses_it(one_proce
     shutil.copytree(saved, copy, ignore=shutil.ignore_patterns("*-universal"))  # as saved: not converted yet
     location = locate(copy)
     target = converted_path(location)
-    holding = threading.Event()
+    holding, waiting, flock = threading.Event(), threading.Event(), scratch.fcntl.flock
+
+    def watched(descriptor, operation):
+        if operation == scratch.fcntl.LOCK_EX:  # the blocking flock: the lock was taken
+            waiting.set()
+        flock(descriptor, operation)
+
+    monkeypatch.setattr(scratch.fcntl, "flock", watched)
 
     def first_job():
         with one_conversion_at_a_time(target):
             holding.set()
-            time.sleep(3)  # the second job's checks before converting take about a second
+            assert waiting.wait(60), "the second job never waited for the lock"
             shutil.copytree(converted_path(locate(saved)), target)  # what its conversion publishes
 
     first = threading.Thread(target=first_job)
@@ -191,6 +200,61 @@ def test_a_second_job_waits_for_the_conversion_under_way_and_reuses_it(one_proce
     assert "converted on an earlier resume" in _convert_once(location, target, workers=1, weights_only=None)
     first.join(30)
     assert sorted(path.name for path in copy.iterdir()) == sorted(path.name for path in saved.iterdir())
+
+
+class _OneProcess:
+    """What resume_anywhere asks of a strategy: one process, resuming what two saved."""
+
+    world_size = num_processes = 1
+    is_global_zero = True
+
+    def broadcast(self, obj):
+        return obj
+
+    def reduce_boolean_decision(self, decision, all=True):
+        return decision
+
+    def barrier(self):
+        pass
+
+
+def _cannot_write(path):
+    raise PermissionError(errno.EROFS, "Read-only file system", str(path))
+
+
+def _read_only_copy(folder, tmp_path, monkeypatch):
+    """A copy of a two-process checkpoint, not yet converted, in a folder that cannot be written. Stand-in: these
+    tests run as root, whom no mode bits stop, so the refusal a read-only mount gives is raised where the conversion
+    first writes inside the folder (its lock)."""
+    copy = tmp_path / "checkpoints" / "copy.ckpt"
+    shutil.copytree(folder / "deepspeed_stage_2.ckpt", copy, ignore=shutil.ignore_patterns("*-universal"))
+    monkeypatch.setattr(universal, "one_conversion_at_a_time", _cannot_write)
+    return copy
+
+
+def test_a_folder_that_cannot_be_written_is_converted_beside_it_for_that_resume(
+    one_process, folder, tmp_path, monkeypatch
+):
+    succeeded(one_process, "resumed-deepspeed_stage_2")
+    copy = _read_only_copy(folder, tmp_path, monkeypatch)
+    saved, layout = inspect(copy)
+    with universal.resume_anywhere(_OneProcess(), saved, layout, True, None) as (location, _):
+        assert location.universal and location.directory.parent.name.startswith(SCRATCH_PREFIX)
+        assert location.directory.parent.parent == copy.parent
+    assert sorted(path.name for path in copy.parent.iterdir()) == ["copy.ckpt"]  # removed after the load
+    assert not converted_path(saved).exists()
+
+
+def test_a_folder_with_no_place_to_convert_beside_it_names_the_command(one_process, folder, tmp_path, monkeypatch):
+    succeeded(one_process, "resumed-deepspeed_stage_2")
+    copy = _read_only_copy(folder, tmp_path, monkeypatch)
+    monkeypatch.setattr(rank_zero, "new_scratch", _cannot_write)  # the folder around it is read-only too
+    saved, layout = inspect(copy)
+    refused = pytest.raises(
+        CheckpointError, match=r"neither can be written here.*convert --universal .*copy.ckpt OUTPUT`\) and resume"
+    )
+    with refused, universal.resume_anywhere(_OneProcess(), saved, layout, True, None):
+        pytest.fail("loaded")
 
 
 def test_universal_loading_is_set_for_that_load_alone(tmp_path):

@@ -242,11 +242,11 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         location, layout = checkpoints.inspect(path, weights_only)
         engine = _single_engine(state, "load")
         wants_optimizer = bool(_optimizer_keys(state))
-        location, layout = universal.resume_anywhere(self, location, layout, wants_optimizer, weights_only)
-        client_state = checkpoints.load_into_engine(
-            engine, location, layout, self.world_size,
-            load_optimizer_states=wants_optimizer, weights_only=weights_only, strict=strict,
-        )  # fmt: skip
+        with universal.resume_anywhere(self, location, layout, wants_optimizer, weights_only) as (location, layout):
+            client_state = checkpoints.load_into_engine(
+                engine, location, layout, self.world_size,
+                load_optimizer_states=wants_optimizer, weights_only=weights_only, strict=strict,
+            )  # fmt: skip
         return _restored(state, client_state)
 
     def _load_foreign(

@@ -23,7 +23,6 @@ Fabric's ``load`` takes the same, saved by ``fabric.save`` under another strateg
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,15 +35,12 @@ from lightning_strategies.checkpoints import (
     FILE,
     as_trainer_layout,
     cannot_write,
-    check_seen,
     convert_once,
-    every_rank_left,
+    form_for_the_load,
     identify,
     is_local,
     kept_form,
     load_file,
-    new_scratch,
-    on_rank_zero,
     one_file_here,
     saved_entry,
     source_record,
@@ -106,62 +102,46 @@ def universal_form(
             f"written ({by_hand}) and resume from OUT."
         )
 
-    def convert(target: Path) -> None:
+    def checked() -> Path:
+        """The full file to convert, refused by ``check`` before anything is written for it."""
         full = one_file_here(checkpoint, type(strategy).__name__, weights_only)
         check(full)
+        return full
+
+    def convert(full: Path, target: Path) -> None:
         if fabric_keys is None:
             from_full_checkpoint(full, target, weights_only)
         else:
             saved = load_file(full, weights_only, map_location="cpu", mmap=True)
             universal_from_full(as_trainer_layout(saved, *fabric_keys), full, target)
 
-    scratch: Path | None = None
-
-    def write() -> tuple[str, str, bool]:
-        """Where rank 0 wrote (or found) the form, how it came to be there, and whether in a scratch folder."""
-        nonlocal scratch
+    def make(scratch: Callable[[Path], Path]) -> tuple[Path, str]:
         if checkpoint.is_dir():
             try:
-                return (*_kept_in(checkpoint, fabric_keys, convert), False)
+                return _kept_in(checkpoint, fabric_keys, lambda target: convert(checked(), target))
             except OSError as error:
                 if not cannot_write(error):
                     raise
                 rank_zero_info(f"{checkpoint} cannot be written here ({error}): its universal form goes beside it.")
-        scratch = new_scratch(checkpoint.parent)
-        target = scratch / "universal"
-        convert(target)
-        return str(target), f"written for this resume at {target} and removed after", True
+        full = checked()
+        target = scratch(checkpoint.parent) / "universal"
+        convert(full, target)
+        return target, f"written for this resume at {target} and removed after"
 
-    try:
-        target, how, in_scratch = on_rank_zero(strategy, write, failure)
-        check_seen(strategy, Path(target) / "latest_universal", f"the universal form of {checkpoint}", by_hand)
-    except BaseException:
-        _remove(scratch)  # every rank ends here together: none reads it
-        raise
-    rank_zero_info(
-        f"Resuming {checkpoint} under {type(strategy).__name__} from its universal form, {how} (weights, Adam moments "
-        "and steps, and the rest of what was saved, carried)."
-    )
-    try:
-        yield Path(target)
-    except BaseException:
-        if in_scratch and every_rank_left("load") and strategy.is_global_zero:  # every rank decides alike
-            _remove(scratch)
-        raise
-    strategy.barrier()  # every rank has read it before rank 0 removes it
-    _remove(scratch)
+    what = f"the universal form of {checkpoint}"
+    with form_for_the_load(strategy, make, failure, "latest_universal", what, by_hand) as (target, how):
+        rank_zero_info(
+            f"Resuming {checkpoint} under {type(strategy).__name__} from its universal form, {how} (weights, Adam "
+            "moments and steps, and the rest of what was saved, carried)."
+        )
+        yield target
 
 
-def _kept_in(folder: Path, fabric_keys: tuple[str, str] | None, convert: Callable[[Path], None]) -> tuple[str, str]:
+def _kept_in(folder: Path, fabric_keys: tuple[str, str] | None, convert: Callable[[Path], None]) -> tuple[Path, str]:
     """The universal form kept inside another strategy's ``folder``: written unless the one there was converted from
     the folder's files as they are now, with the same ``fabric_keys``. Its place, and how it came to be there."""
     target = kept_form(folder, DEEPSPEED.key)
     source = source_record(folder, fabric_keys=list(fabric_keys) if fabric_keys else None)
     if convert_once(target / "latest_universal", target / SOURCE, source, lambda: convert(target), output=target):
-        return str(target), f"kept at {target} by an earlier resume"
-    return str(target), f"written at {target} and kept for later resumes (delete it to reclaim the space)"
-
-
-def _remove(scratch: Path | None) -> None:
-    if scratch is not None:
-        shutil.rmtree(scratch, ignore_errors=True)
+        return target, f"kept at {target} by an earlier resume"
+    return target, f"written at {target} and kept for later resumes (delete it to reclaim the space)"

@@ -298,8 +298,8 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             self._full_weights_pending = True
             return checkpoints.convert_zero_checkpoint(location.tag_folder, weights_only=weights_only)
         restores_optimizer = fitting and self.model.optimizer is not None
-        location, layout = universal.resume_anywhere(self, location, layout, restores_optimizer, weights_only)
-        return self._load_into_engine(location, layout, restores_optimizer, weights_only)
+        with universal.resume_anywhere(self, location, layout, restores_optimizer, weights_only) as (location, layout):
+            return self._load_into_engine(location, layout, restores_optimizer, weights_only)
 
     def _load_into_engine(
         self,

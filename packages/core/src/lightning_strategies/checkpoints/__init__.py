@@ -10,7 +10,8 @@
   groups of one Adam-family optimizer for another.
 - ``scratch``: conversions' scratch folders (those of killed conversions removed), the fingerprint of a source, and
   the lock that makes jobs converting one checkpoint take turns.
-- ``rank_zero``: work on a checkpoint that global rank 0 does for every rank, its failure raised on all of them.
+- ``rank_zero``: work on a checkpoint that global rank 0 does for every rank, its failure raised on all of them,
+  and a form of a checkpoint it makes for every rank to load.
 
 Import from ``lightning_strategies.checkpoints``; the modules' other names may change.
 """
@@ -38,7 +39,7 @@ from lightning_strategies.checkpoints.formats import (
 )
 from lightning_strategies.checkpoints.loading import check_file, load_file
 from lightning_strategies.checkpoints.optimizer_keys import adopted_param_groups, keyed_by_name
-from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
+from lightning_strategies.checkpoints.rank_zero import check_seen, form_for_the_load, on_rank_zero
 from lightning_strategies.checkpoints.scratch import (
     files_fingerprint,
     new_scratch,
@@ -76,6 +77,7 @@ __all__ = [
     "every_rank_left",
     "files_fingerprint",
     "foreign_checkpoint_error",
+    "form_for_the_load",
     "identify",
     "is_local",
     "kept_form",

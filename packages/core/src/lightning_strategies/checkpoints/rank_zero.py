@@ -3,15 +3,21 @@
 Every rank calls ``on_rank_zero`` together. Rank 0 runs the work; the others wait for its answer in a broadcast, so
 no rank leaves the collective because it sees the checkpoint otherwise (a node without the shared file system sees
 nothing), and a failure on rank 0 ends every rank with the same ``CheckpointError`` instead of leaving the others
-waiting for it forever. What rank 0 wrote, every rank then checks that all of them see (``check_seen``).
+waiting for it forever. What rank 0 wrote, every rank then checks that all of them see (``check_seen``). A form of a
+checkpoint that rank 0 makes for every rank to load (``form_for_the_load``) is kept where its maker keeps it, or
+lives in a scratch folder for the load alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lightning_strategies.checkpoints.scratch import new_scratch
+from lightning_strategies.checkpoints.staging import every_rank_left
 from lightning_strategies.errors import CheckpointError
 
 Result = TypeVar("Result")
@@ -52,3 +58,50 @@ def check_seen(strategy: Any, path: str | Path, what: str, by_hand: str) -> None
             f"Rank 0 wrote {what} at {path}, but {where} see it there: every node must see the checkpoint on one "
             f"shared file system. Convert it where each node sees it ({by_hand}) and resume from what that writes."
         )
+
+
+@contextmanager
+def form_for_the_load(
+    strategy: Any,
+    make: Callable[[Callable[[Path], Path]], tuple[Path, str]],
+    failure: Callable[[Exception], str],
+    seen: str,
+    what: str,
+    by_hand: str,
+) -> Iterator[tuple[Path, str]]:
+    """A form of a checkpoint (another layout of it) that global rank 0 makes and every rank loads within the block:
+    ``make(scratch)`` runs on rank 0 (``on_rank_zero``, its failure told by ``failure``) and returns where the form
+    is and how it came to be there, for the log. Where it keeps the form (inside the checkpoint, for later loads), it
+    stays; where it asks ``scratch(beside)`` for a scratch folder instead, that folder is removed once every rank
+    has read the form, or, where the block fails, once every rank has left it (else it is left, named after this
+    process, for a later conversion there to remove when the process is gone). Every rank checks that all see the
+    form's file ``seen`` (``check_seen``, with ``what`` and ``by_hand``). Called on every rank together."""
+    scratch: list[Path] = []
+
+    def in_scratch(beside: Path) -> Path:
+        scratch.append(new_scratch(beside))
+        return scratch[-1]
+
+    def on_zero() -> tuple[Path, str, bool]:
+        form, how = make(in_scratch)
+        return form, how, bool(scratch)
+
+    try:
+        form, how, scratched = on_rank_zero(strategy, on_zero, failure)
+        check_seen(strategy, Path(form) / seen, what, by_hand)
+    except BaseException:
+        _remove(scratch)  # every rank ends here together: none reads it
+        raise
+    try:
+        yield Path(form), how
+    except BaseException:
+        if scratched and every_rank_left("load") and strategy.is_global_zero:  # every rank decides alike
+            _remove(scratch)
+        raise
+    strategy.barrier()  # every rank has read it before rank 0 removes it
+    _remove(scratch)
+
+
+def _remove(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
