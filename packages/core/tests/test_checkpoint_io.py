@@ -157,12 +157,26 @@ def test_a_folder_whose_conversion_carries_everything_is_read_as_one_file(tmp_pa
         assert one_file_for(tmp_path / "other.ckpt", _Strategy()) == tmp_path / "other.ckpt"
 
 
-def test_jobs_converting_one_source_at_once_take_turns(tmp_path: Path) -> None:
+def waiting_for_the_lock(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once a conversion waits for another's lock (the blocking flock after the try failed)."""
+    waiting, flock = threading.Event(), scratch.fcntl.flock
+
+    def watched(descriptor: int, operation: int) -> None:
+        if operation == scratch.fcntl.LOCK_EX:
+            waiting.set()
+        flock(descriptor, operation)
+
+    monkeypatch.setattr(scratch.fcntl, "flock", watched)
+    return waiting
+
+
+def test_jobs_converting_one_source_at_once_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs resumed from one folder at once (threads here: each opens the lock as a process of its own would):
     the second waits for the first's conversion and reuses it, rather than clearing its staged files."""
     output, record = tmp_path / ONE_FILE_NAME, tmp_path / ONE_FILE_SOURCE
     source = {"files": {"__0_0.distcp": [100, 1]}}
     inside, finish = threading.Event(), threading.Event()
+    waiting = waiting_for_the_lock(monkeypatch)
     calls: list[str] = []
     reused: dict[str, bool] = {}
 
@@ -183,8 +197,7 @@ def test_jobs_converting_one_source_at_once_take_turns(tmp_path: Path) -> None:
     first = job("first", first_converts)
     assert inside.wait(30)
     second = job("second", lambda: calls.append("second"))
-    second.join(0.5)
-    assert second.is_alive()  # waiting for the first
+    assert waiting.wait(30)  # for the first's lock
     finish.set()
     first.join(30)
     second.join(30)
@@ -200,7 +213,8 @@ def test_a_file_system_without_locks_converts_unguarded(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(scratch.fcntl, "flock", no_locks)
     output = tmp_path / ONE_FILE_NAME
-    assert not convert_once(output, tmp_path / ONE_FILE_SOURCE, {"files": {}}, lambda: output.write_text("converted"))
+    with pytest.warns(UserWarning, match="has no locks .* Start them one after another"):
+        assert not convert_once(output, tmp_path / ONE_FILE_SOURCE, {"files": {}}, lambda: output.write_text("done"))
     assert convert_once(output, tmp_path / ONE_FILE_SOURCE, {"files": {}}, pytest.fail)
 
 

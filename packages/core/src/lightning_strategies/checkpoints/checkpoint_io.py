@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import logging
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
+
+from lightning.fabric.utilities.rank_zero import rank_zero_info
 
 from lightning_strategies.checkpoints.formats import FILE, CheckpointFormat, foreign_checkpoint_error, identify
 from lightning_strategies.checkpoints.loading import check_file
@@ -23,8 +24,6 @@ from lightning_strategies.checkpoints.rank_zero import check_seen, on_rank_zero
 from lightning_strategies.checkpoints.scratch import files_fingerprint, one_conversion_at_a_time, read_record
 from lightning_strategies.checkpoints.staging import is_local, remove, staged_save
 from lightning_strategies.errors import CheckpointError
-
-log = logging.getLogger(__name__)
 
 ONE_FILE = "one checkpoint file (what trainer.save_checkpoint, ModelCheckpoint or fabric.save write)"
 
@@ -182,7 +181,7 @@ def _one_file_on_rank_zero(path: Path, strategy: str, weights_only: bool | None,
             "from OUT.ckpt."
         ) from error
     how = "converted on an earlier resume" if reused else "converted now, reused by later resumes"
-    log.info(
+    rank_zero_info(
         f"Resuming {path} ({found.description}) under {strategy} from its one-file form {target} ({how}; weights, "
         "optimizer states, schedulers and loop state carried). Delete it to reclaim the space."
     )

@@ -1,4 +1,5 @@
-"""What conversions leave beside a checkpoint: their scratch folders, and the record that tells their output stale.
+"""What conversions leave beside a checkpoint: their scratch folders, the record that tells their output stale, and
+the lock that makes jobs converting one checkpoint take turns.
 
 A conversion may write as much as the model into a scratch folder (DeepSpeed's universal layout, mapped tensors).
 Its name carries the process that made it, so that the next conversion in the same folder removes one whose process
@@ -10,7 +11,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import json
-import logging
 import os
 import shutil
 import socket
@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
 if sys.platform != "win32":
     import fcntl
-
-log = logging.getLogger(__name__)
 
 # Every working folder of this project begins with it (staging of saves, scratch folders): never part of a checkpoint.
 WORKING_PREFIX = ".lightning-strategies-"
@@ -94,9 +94,9 @@ def one_conversion_at_a_time(output: Path) -> Iterator[None]:
     """Hold the lock of the conversion that writes ``output`` (a file or a folder) for the block: a second job
     converting the same checkpoint (two runs resumed from it at once) waits here, then finds the output there to
     reuse, instead of each clearing the other's staged files. The lock is an empty hidden file beside ``output``,
-    which its holder removes before letting go, so none is left in the checkpoint; a process that waited on it then
-    finds it gone and locks a new one. Opening it raises as writing there would (a read-only folder); on a file
-    system without locks the block runs unguarded."""
+    which its holder removes before letting go; a process that waited on it then finds it gone and locks a new one.
+    One that a killed conversion leaves is taken by the next. Opening it raises as writing there would (a read-only
+    folder); on a file system without locks the block runs unguarded, with a warning."""
     if sys.platform == "win32":
         yield
         return
@@ -111,23 +111,35 @@ def one_conversion_at_a_time(output: Path) -> Iterator[None]:
                 return
 
 
+# Where flock is not there: Lustre mounted without -o flock, some FUSE file systems.
+_NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
+
+
 def _take(descriptor: int, lock: Path, output: Path) -> bool:
     """Lock the file ``lock`` open as ``descriptor``, waiting for its holder; False where the holder removed it
     meanwhile (lock the new one). A file system without locks counts as locked."""
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        log.info(f"Another process is converting a checkpoint to {output}; waiting for it, to reuse what it writes.")
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-    except OSError as error:
-        if error.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):  # Lustre without -o flock, ...
-            raise
-        return True
-    held = os.fstat(descriptor)
-    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            rank_zero_info(
+                f"Another process is converting a checkpoint to {output}; waiting for it, to reuse what it writes."
+            )
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        held = os.fstat(descriptor)
         named = lock.stat()
     except FileNotFoundError:
         return False
+    except OSError as error:
+        if error.errno == errno.ESTALE:  # NFS: the holder removed the file this process waited on
+            return False
+        if error.errno not in _NO_LOCKS:
+            raise
+        rank_zero_warn(
+            f"The file system of {output.parent} has no locks ({error}): jobs converting this checkpoint at once are "
+            "not kept apart. Start them one after another."
+        )
+        return True
     return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
