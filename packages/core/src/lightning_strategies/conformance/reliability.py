@@ -189,7 +189,7 @@ def check_kills_and_resume(options: RunOptions, workdir: Path) -> list[dict[str,
             run.kill()
             late = run.remaining_events()
             newest_complete, being_written = saves_at_kill(late, newest_complete, being_written)
-            inside = plan == "inside-save" and not any(event.startswith(_LAST_END) for event in late)
+            inside = being_written != newest_complete  # a save had begun and not ended, whatever the plan
             if not (interrupted / CHECKPOINTS / "last.ckpt").exists():
                 problems.append(f"no last.ckpt after a kill {'inside' if inside else 'between'} saves")
             kills.append("inside a save" if inside else "between saves")
