@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tools.benchmark import hugging_face_suite
+from tools.benchmark import hugging_face_suite, report
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,14 @@ def commands(arguments: argparse.Namespace) -> dict[str, list[list[str]]]:
 
 def run(arguments: argparse.Namespace) -> None:
     out = Path(arguments.out)
+    # Each part's harness treats records already there its own way (started afresh, added to, written over): a part
+    # is measured into a folder of its own once, so that the page and the commands it lists say what was run.
+    measured = [part for part in arguments.parts if (out / part).exists()]
+    if measured:
+        raise SystemExit(
+            f"{', '.join(str(out / part) for part in measured)}: measured by an earlier call. Measure into another "
+            "--out, or move those folders away (and their lines of parts.jsonl) to measure them again."
+        )
     out.mkdir(parents=True, exist_ok=True)
     planned = commands(arguments)
     for part in arguments.parts:
@@ -98,21 +106,25 @@ def _percent(value: float | None) -> str:
 
 
 def scaling_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per run: median tokens/s (lowest, highest) and MFU on each device count, and the speed-up of the medians."""
-    measured: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    """Per run: on each device count, the median tokens/s (lowest, highest) and MFU of its runs that trained, or why
+    none did; and the speed-up of the medians from the fewest GPUs to the most."""
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for record in records:
-        if record.get("status") == "ok" and record.get("tokens_per_second"):
-            measured.setdefault(record["run"], {}).setdefault(record["devices"], []).append(record)
+        runs.setdefault(record["run"], {}).setdefault(record["devices"], []).append(record)
     rows = []
-    for name, by_devices in measured.items():
+    for name, by_devices in runs.items():
         first = next(iter(by_devices.values()))[0]
         billions = first["parameters"] / 1e9 if first.get("parameters") else _billions(first["size"])
-        row: dict[str, Any] = {"run": name, "billions": billions, "by_devices": {}}
+        row: dict[str, Any] = {"run": name, "billions": billions, "by_devices": {}, "not_measured": {}}
         for devices, group in sorted(by_devices.items()):
-            mfus = [record["mfu"] for record in group if record.get("mfu") is not None]
+            trained = [record for record in group if record.get("status") == "ok" and record.get("tokens_per_second")]
+            if not trained:
+                row["not_measured"][devices] = _why_not(group[-1])
+                continue
+            mfus = [record["mfu"] for record in trained if record.get("mfu") is not None]
             row["by_devices"][devices] = {
-                "runs": len(group),
-                "tokens_per_second": _spread([record["tokens_per_second"] for record in group]),
+                "runs": len(trained),
+                "tokens_per_second": _spread([record["tokens_per_second"] for record in trained]),
                 "mfu": statistics.median(mfus) if mfus else None,
             }
         counts = sorted(row["by_devices"])
@@ -121,6 +133,14 @@ def scaling_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["speedup"] = most["tokens_per_second"][0] / one["tokens_per_second"][0]
         rows.append(row)
     return rows
+
+
+def _why_not(record: dict[str, Any]) -> str:
+    """Why a run has no speed: skipped (its packages or device are missing) or failed, in the harness's words."""
+    if record.get("status") == "skipped":
+        return f"skipped: {record.get('skip_reason') or 'no reason given'}"
+    failure = record.get("failure") or {}
+    return f"failed: {failure.get('reason', 'no reason given')}"
 
 
 def offload_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -132,17 +152,26 @@ def offload_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for name, group in groups.items():
         timed = [record for record in group if record.get("speed") and record["speed"].get("tokens_per_second")]
         mfus = [record["speed"]["mfu"] for record in timed if record["speed"].get("mfu") is not None]
-        errors = [abs(record[key]) for record in group for key in ("gpu_error", "host_error") if record.get(key)]
+        errors = [abs(r[key]) for r in group for key in ("gpu_error", "host_error") if r.get(key) is not None]
         rows.append({
             "id": name, "strategy": group[0]["strategy"], "size": group[0]["size"], "runs": len(timed),
             "failures": [record["failure"] for record in group if record.get("failure")],
             "tokens_per_second": _spread([r["speed"]["tokens_per_second"] for r in timed]) if timed else None,
             "mfu": statistics.median(mfus) if mfus else None,
-            "gpu": (group[0]["gpu_predicted_gib"], max((r["gpu_measured_gib"] or 0) for r in group)),
-            "host": (group[0]["host_predicted_gib"], max((r["host_measured_gib"] or 0) for r in group)),
+            "gpu": (group[0]["gpu_predicted_gib"], _largest(r["gpu_measured_gib"] for r in group)),
+            "host": (group[0]["host_predicted_gib"], _largest(r["host_measured_gib"] for r in group)),
             "worst_error": max(errors, default=None),
         })  # fmt: skip
     return rows
+
+
+def _largest(values: Iterable[float | None]) -> float | None:
+    """The largest of the measured values; None where a run that failed measured none."""
+    return max((value for value in values if value is not None), default=None)
+
+
+def _gib(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "n/a"
 
 
 def _measured_on(dated: list[dict[str, Any]], device: str) -> str:
@@ -153,12 +182,13 @@ def _measured_on(dated: list[dict[str, Any]], device: str) -> str:
 
 
 def _scaling_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    summaries = [json.loads(path.read_text()) for path in sorted((out / "scaling").glob("*.summary.json"))]
-    records = _jsonl(out / "scaling" / summary["results_file"] for summary in summaries)
-    rows = scaling_rows(records)
+    sessions = report.load_sessions(out / "scaling") if (out / "scaling").is_dir() else []
+    summaries = [summary for summary, _ in sessions]
+    rows = scaling_rows([record for _, records in sessions for record in records])
     if not rows:
         return ["Not measured (no records in scaling/)."], []
-    first, counts = summaries[0], sorted({devices for row in rows for devices in row["by_devices"]})
+    first = summaries[0]
+    counts = sorted({devices for row in rows for devices in (*row["by_devices"], *row["not_measured"])})
     versions = ", ".join(f"{name} {version}" for name, version in first["versions"].items() if version)
     settings = first["settings"]
     machine = f"{first['device_count']} x {first['device']}"
@@ -176,7 +206,7 @@ def _scaling_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
         for count in counts:
             at = row["by_devices"].get(count)
             if at is None:
-                cells.append("not measured")
+                cells.append(row["not_measured"].get(count, "not run"))
                 continue
             median, lowest, highest = at["tokens_per_second"]
             runs = f"{at['runs']} run{'s' if at['runs'] > 1 else ''}"
@@ -199,13 +229,20 @@ def _hugging_face_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def _offload_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    records = [record for path in sorted((out / "offload").glob("*/memory-accuracy.json"))
-               for record in json.loads(path.read_text())]  # fmt: skip
+    records, cut_short = [], []
+    for path in sorted((out / "offload").glob("*/memory-accuracy.json")):
+        try:
+            records += json.loads(path.read_text())
+        except ValueError:  # the round was killed while it rewrote the file
+            cut_short.append(path.parent.name)
     rows = offload_rows(records)
     if not rows:
         return ["Not measured (no records in offload/)."], []
+    first = records[0]
+    versions = ", ".join(f"{name} {version}" for name, version in first["versions"].items() if version)
     lines = [
-        f"One GPU, the settings `lightning-strategies plan` chooses. {_measured_on(records, records[0]['device'])}",
+        f"One GPU, the settings `lightning-strategies plan` chooses. {_measured_on(records, first['device'])} "
+        f"{versions}.",
         "",
         "| configuration | strategy | runs | tokens/s (lowest to highest) | MFU | GPU peak: planned, measured "
         "| host peak: planned, measured | widest error of the plan |",
@@ -219,9 +256,11 @@ def _offload_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
         error = _percent(row["worst_error"]) if row["worst_error"] is not None else ""
         lines.append(
             f"| {row['id']} | `{row['strategy']}` | {row['runs']} | {speed} | {_percent(row['mfu'])} | "
-            f"{row['gpu'][0]:.1f}, {row['gpu'][1]:.1f} GiB | {row['host'][0]:.1f}, {row['host'][1]:.1f} GiB | "
+            f"{_gib(row['gpu'][0])}, {_gib(row['gpu'][1])} GiB | {_gib(row['host'][0])}, {_gib(row['host'][1])} GiB | "
             f"{error} |"
         )
+    if cut_short:
+        lines += ["", f"Left out, cut short by a kill as they were written: {', '.join(cut_short)}."]
     return lines, rows
 
 
@@ -284,6 +323,8 @@ def _plots(
         figure, axes = plt.subplots(figsize=(7, 4.5))
         for row in scaling:
             counts = sorted(row["by_devices"])
+            if not counts:
+                continue
             axes.plot(counts, [row["by_devices"][c]["tokens_per_second"][0] for c in counts], marker="o",
                       label=row["run"])  # fmt: skip
         axes.set_xlabel("GPUs")
@@ -325,7 +366,7 @@ def _per_gpu_by_size(
 
     for row in scaling:
         kind, _, name = row["run"].partition(":")
-        if kind != "hand":
+        if kind != "hand" and row["by_devices"]:
             devices = max(row["by_devices"])
             per_gpu = row["by_devices"][devices]["tokens_per_second"][0] / devices
             add(name if kind == "trainer" else f"lightning:{name}", row["billions"], per_gpu)

@@ -560,4 +560,49 @@ def test_reproduce_runs_a_part_and_says_how_each_ended(tmp_path: Path) -> None:
     )
     text = (tmp_path / "README.md").read_text()
     assert "| `trainer:fsdp` |" in text and "Not measured (no records in hugging-face/)" in text
+    assert "| `trainer:deepspeed_stage_2` | skipped: " in text  # the CUDA-only runs: named, with why
     assert ended["command"] in text and (tmp_path / "scaling.png").is_file()
+
+
+def _gpt_record(run: str, devices: int, tokens_per_second: float | None, mfu: float | None = None) -> dict:
+    """A record of `tools.benchmark run` as the harness writes it (the fields the page reads)."""
+    if tokens_per_second is None:
+        return {"run": run, "devices": devices, "size": "1.3b", "parameters": 1.3e9, "status": "failed",
+                "failure": {"reason": "oom_gpu", "message": "CUDA out of memory"}}  # fmt: skip
+    return {"run": run, "devices": devices, "size": "1.3b", "parameters": 1.3e9, "status": "ok",
+            "tokens_per_second": tokens_per_second, "mfu": mfu}  # fmt: skip
+
+
+def test_the_reproduction_tables_take_medians_over_rounds_and_say_why_a_run_has_none() -> None:
+    from tools.benchmark import reproduce
+
+    # Three rounds whose median is neither their mean nor the last of them.
+    records = [_gpt_record("trainer:fsdp", 1, speed, mfu) for speed, mfu in ((100, 0.40), (130, 0.52), (90, 0.36))]
+    records += [_gpt_record("trainer:fsdp", 4, speed, 0.3) for speed in (380, 300, 370)]
+    records += [_gpt_record("trainer:deepspeed_stage_3", 1, 80), _gpt_record("trainer:deepspeed_stage_3", 4, None)]
+    fsdp, zero = reproduce.scaling_rows(records)
+    assert fsdp["by_devices"][1] == {"runs": 3, "tokens_per_second": (100, 90, 130), "mfu": 0.40}
+    assert fsdp["by_devices"][4]["tokens_per_second"] == (370, 300, 380)
+    assert fsdp["speedup"] == 370 / 100
+    assert zero["not_measured"] == {4: "failed: oom_gpu"} and "speedup" not in zero
+
+    def offloaded(speed: float | None, gpu: float | None, error: float | None) -> dict:
+        return {"id": "largest-ds3-13b", "strategy": "deepspeed_stage_3", "size": "13b", "gpu_predicted_gib": 100.0,
+                "gpu_measured_gib": gpu, "host_predicted_gib": 50.0, "host_measured_gib": 49.0, "gpu_error": error,
+                "host_error": 0.0, "failure": None if speed else "killed",
+                "speed": {"tokens_per_second": speed, "mfu": 0.2} if speed else None}  # fmt: skip
+
+    (row,) = reproduce.offload_rows(
+        [offloaded(2800, 101.0, 0.01), offloaded(2900, 99.0, -0.03), offloaded(None, None, None)]
+    )
+    assert row["tokens_per_second"] == (2850, 2800, 2900) and row["runs"] == 2 and row["failures"] == ["killed"]
+    assert row["gpu"] == (100.0, 101.0) and row["worst_error"] == 0.03
+
+
+def test_reproduce_does_not_measure_a_part_twice_into_one_folder(tmp_path: Path) -> None:
+    from tools.benchmark import reproduce
+
+    (tmp_path / "offload" / "round-1").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"offload: measured by an earlier call\. Measure into another --out"):
+        reproduce.main(["run", "--out", str(tmp_path), "--parts", "offload"])
+    assert not (tmp_path / "parts.jsonl").exists()
