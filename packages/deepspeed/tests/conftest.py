@@ -119,3 +119,20 @@ def assert_weights_close(
 
 def assert_weights_differ(actual: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> None:
     assert any(not torch.allclose(actual[name], other[name], atol=1e-6) for name in other)
+
+
+class OneProcess:
+    """What rank 0's work on a checkpoint (core's on_rank_zero, form_for_the_load) asks of a strategy, for one process
+    that resumes what two saved."""
+
+    world_size = num_processes = 1
+    is_global_zero = True
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        return decision
+
+    def barrier(self) -> None:
+        pass

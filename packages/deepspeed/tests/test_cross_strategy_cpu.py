@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import train_together
+from conftest import OneProcess, train_together
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import STAGING_FOLDER, kept_form, source_record
@@ -235,7 +235,7 @@ def test_a_kept_universal_form_is_read_without_the_one_file_form(folder, resumed
     (copy / ONE_FILE_SOURCE).unlink()
     kept = kept_form(copy, "deepspeed")
     written = (kept / "latest_universal").stat().st_mtime_ns
-    with universal_form(_OneProcess(), copy, None, pytest.fail) as target:
+    with universal_form(OneProcess(), copy, None, pytest.fail) as target:
         assert target == kept
     assert (kept / "latest_universal").stat().st_mtime_ns == written
     assert not (copy / ONE_FILE_NAME).exists()
@@ -258,21 +258,6 @@ def test_evaluation_under_zero_loads_each_other_strategys_checkpoint(saved, resu
     assert any(not torch.allclose(first[name], end[name]) for name in first)  # the loads differ
 
 
-class _OneProcess:
-    """What universal_form asks of a strategy, for one process."""
-
-    is_global_zero = True
-
-    def broadcast(self, obj):
-        return obj
-
-    def reduce_boolean_decision(self, decision, all=True):
-        return decision
-
-    def barrier(self):
-        pass
-
-
 def _holds_adam(full):
     assert torch.load(full)["optimizer_states"][0]["state"], "checked before the conversion"
 
@@ -290,10 +275,10 @@ def test_a_files_universal_form_is_removed_after_the_load_and_after_a_failed_loa
     once every rank has left the load (here one process, without a process group)."""
     full = tmp_path / "ddp.ckpt"
     _adam_checkpoint(full)
-    with universal_form(_OneProcess(), full, None, _holds_adam) as target:
+    with universal_form(OneProcess(), full, None, _holds_adam) as target:
         assert (target / "latest_universal").is_file() and target.parent.name.startswith(SCRATCH_PREFIX)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
-    with pytest.raises(RuntimeError, match="the load failed"), universal_form(_OneProcess(), full, None, _holds_adam):
+    with pytest.raises(RuntimeError, match="the load failed"), universal_form(OneProcess(), full, None, _holds_adam):
         raise RuntimeError("the load failed")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ddp.ckpt"]
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_weights_close, succeeded, train_together
+from conftest import OneProcess, assert_weights_close, succeeded, train_together
 
 from lightning_strategies import CheckpointError
 from lightning_strategies.checkpoints import one_conversion_at_a_time, rank_zero, scratch
@@ -202,22 +202,6 @@ def test_a_second_job_waits_for_the_conversion_under_way_and_reuses_it(one_proce
     assert sorted(path.name for path in copy.iterdir()) == sorted(path.name for path in saved.iterdir())
 
 
-class _OneProcess:
-    """What resume_anywhere asks of a strategy: one process, resuming what two saved."""
-
-    world_size = num_processes = 1
-    is_global_zero = True
-
-    def broadcast(self, obj):
-        return obj
-
-    def reduce_boolean_decision(self, decision, all=True):
-        return decision
-
-    def barrier(self):
-        pass
-
-
 def _cannot_write(path):
     raise PermissionError(errno.EROFS, "Read-only file system", str(path))
 
@@ -238,7 +222,7 @@ def test_a_folder_that_cannot_be_written_is_converted_beside_it_for_that_resume(
     succeeded(one_process, "resumed-deepspeed_stage_2")
     copy = _read_only_copy(folder, tmp_path, monkeypatch)
     saved, layout = inspect(copy)
-    with universal.resume_anywhere(_OneProcess(), saved, layout, True, None) as (location, _):
+    with universal.resume_anywhere(OneProcess(), saved, layout, True, None) as (location, _):
         assert location.universal and location.directory.parent.name.startswith(SCRATCH_PREFIX)
         assert location.directory.parent.parent == copy.parent
     assert sorted(path.name for path in copy.parent.iterdir()) == ["copy.ckpt"]  # removed after the load
@@ -253,7 +237,7 @@ def test_a_folder_with_no_place_to_convert_beside_it_names_the_command(one_proce
     refused = pytest.raises(
         CheckpointError, match=r"neither can be written here.*convert --universal .*copy.ckpt OUTPUT`\) and resume"
     )
-    with refused, universal.resume_anywhere(_OneProcess(), saved, layout, True, None):
+    with refused, universal.resume_anywhere(OneProcess(), saved, layout, True, None):
         pytest.fail("loaded")
 
 
