@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tools.benchmark import hugging_face_suite, report
+from tools.benchmark import hugging_face_suite, memory_plots, report
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -155,6 +155,7 @@ def offload_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         errors = [abs(r[key]) for r in group for key in ("gpu_error", "host_error") if r.get(key) is not None]
         rows.append({
             "id": name, "strategy": group[0]["strategy"], "size": group[0]["size"], "runs": len(timed),
+            "billions": memory_plots.billions(group[0]),
             "failures": [record["failure"] for record in group if record.get("failure")],
             "tokens_per_second": _spread([r["speed"]["tokens_per_second"] for r in timed]) if timed else None,
             "mfu": statistics.median(mfus) if mfus else None,
@@ -375,7 +376,7 @@ def _per_gpu_by_size(
             add(table_row["configuration"], _billions(table_row["size"]), table_row["median"] / table_row["devices"])
     for row in offload:
         if row["tokens_per_second"] is not None:
-            add(row["strategy"], _billions(row["size"]), row["tokens_per_second"][0])
+            add(row["strategy"], row["billions"], row["tokens_per_second"][0])
     return points
 
 

@@ -587,7 +587,8 @@ def test_the_reproduction_tables_take_medians_over_rounds_and_say_why_a_run_has_
     assert zero["not_measured"] == {4: "failed: oom_gpu"} and "speedup" not in zero
 
     def offloaded(speed: float | None, gpu: float | None, error: float | None) -> dict:
-        return {"id": "largest-ds3-13b", "strategy": "deepspeed_stage_3", "size": "13b", "gpu_predicted_gib": 100.0,
+        return {"id": "largest-ds3-13b", "strategy": "deepspeed_stage_3", "size": "13b", "length": 1024,
+                "gpu_predicted_gib": 100.0,
                 "gpu_measured_gib": gpu, "host_predicted_gib": 50.0, "host_measured_gib": 49.0, "gpu_error": error,
                 "host_error": 0.0, "failure": None if speed else "killed",
                 "speed": {"tokens_per_second": speed, "mfu": 0.2} if speed else None}  # fmt: skip
@@ -597,6 +598,7 @@ def test_the_reproduction_tables_take_medians_over_rounds_and_say_why_a_run_has_
     )
     assert row["tokens_per_second"] == (2850, 2800, 2900) and row["runs"] == 2 and row["failures"] == ["killed"]
     assert row["gpu"] == (100.0, 101.0) and row["worst_error"] == 0.03
+    assert row["billions"] == pytest.approx(13.1, abs=0.05)  # counted from the shape, not read from its name
 
 
 def test_reproduce_does_not_measure_a_part_twice_into_one_folder(tmp_path: Path) -> None:
