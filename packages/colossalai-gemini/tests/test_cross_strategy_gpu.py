@@ -1,8 +1,10 @@
 """Issue 29, item 2 on GPUs: checkpoints of ddp, fsdp, deepspeed and colossalai resumed under one another by
 ``ckpt_path`` alone (gpu_scripts/cross_strategy.py, one launch on the machine's several GPUs).
 
-Each resume must continue the loss curve of the strategy that saved (bf16-mixed: within 2e-2 relative, the
-conformance tolerance of the 16-bit precisions; the strategies' rounding differs). Under colossalai the weights and
+Each resume must continue the loss curve of the strategy that saved within 2e-3 relative (bf16-mixed; the strategies'
+rounding differs by at most 2.1e-4 there). The 16-bit precisions' conformance tolerance, 2e-2, is too loose for this
+model: a resume that lost Adam's moments stays within it, and the control test holds the tolerance to telling such a
+resume apart. Under colossalai the weights and
 Adam moments Gemini holds once restored must equal the checkpoint's own, by parameter name: other strategies key
 them by name, Gemini by position.
 """
@@ -20,7 +22,7 @@ sys.path.insert(0, str(SCRIPTS))
 from cross_strategy import PAIRS, SOURCES  # noqa: E402
 
 SEVERAL = min(4, torch.cuda.device_count())
-LOSS_TOLERANCE = 2e-2  # docs/reliability.md: 2e-2 relative for the 16-bit precisions
+LOSS_TOLERANCE = 2e-3  # docs/reliability.md: ten times the largest difference between the backends' rounding
 STEPS_PER_EPOCH = 3
 
 
@@ -60,8 +62,20 @@ def test_the_resume_continues_the_saved_runs_losses(results, source, target):
     resumed = succeeded(results, f"{source}-to-{target}")["losses"]
     expected = succeeded(results, f"uninterrupted-{source}")["losses"][STEPS_PER_EPOCH:]
     assert len(resumed) == STEPS_PER_EPOCH
-    for got, want in zip(resumed, expected, strict=True):
-        assert abs(got - want) <= LOSS_TOLERANCE * max(1.0, abs(want)), (resumed, expected)
+    assert max(relative_differences(resumed, expected)) <= LOSS_TOLERANCE, (resumed, expected)
+
+
+def relative_differences(losses: list[float], expected: list[float]) -> list[float]:
+    return [abs(got - want) / max(1.0, abs(want)) for got, want in zip(losses, expected, strict=True)]
+
+
+def test_the_tolerance_tells_a_resume_that_lost_the_adam_moments_apart(results):
+    """The negative control: ddp's saved weights trained on with a fresh Adam must leave the tolerance."""
+    lost = succeeded(results, "without-moments-ddp")["losses"]
+    expected = succeeded(results, "uninterrupted-ddp")["losses"][STEPS_PER_EPOCH:]
+    differences = relative_differences(lost, expected)
+    assert differences[0] <= LOSS_TOLERANCE, "the same weights and batch before any step: the same first loss"
+    assert max(differences) > LOSS_TOLERANCE, (lost, expected)
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
