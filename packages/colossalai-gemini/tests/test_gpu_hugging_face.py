@@ -68,7 +68,7 @@ def test_a_sharded_checkpoint_exports_to_hugging_face(tmp_path: Path) -> None:
 
 HALF, WHOLE = conformance.Case("llama", "pretrained", steps=16), conformance.Case("llama", "pretrained", steps=24)
 ON_ONE_GPU = {"accelerator": "cuda", "devices": 1, "precision": "bf16-mixed"}
-RESUME_RTOL = 2e-2  # docs/reliability.md: the 16-bit precisions' tolerance between strategies
+RESUME_RTOL = 2e-3  # docs/reliability.md: ten times the largest difference measured between strategies
 
 
 @pytest.fixture(scope="module")
