@@ -70,11 +70,12 @@ def relative_differences(losses: list[float], expected: list[float]) -> list[flo
 
 
 def test_the_tolerance_tells_a_resume_that_lost_the_adam_moments_apart(results):
-    """The negative control: ddp's saved weights trained on with a fresh Adam must leave the tolerance."""
+    """The negative control: ddp's checkpoint resumed with its Adam moments emptied must leave the tolerance (on
+    CPU, fp32: by 9.5e-3 and 2.2e-2 relative after its first and second step)."""
     lost = succeeded(results, "without-moments-ddp")["losses"]
     expected = succeeded(results, "uninterrupted-ddp")["losses"][STEPS_PER_EPOCH:]
     differences = relative_differences(lost, expected)
-    assert differences[0] <= LOSS_TOLERANCE, "the same weights and batch before any step: the same first loss"
+    assert differences[0] <= LOSS_TOLERANCE, "the same weights and batch before any step give the same first loss"
     assert max(differences) > LOSS_TOLERANCE, (lost, expected)
 
 

@@ -7,8 +7,8 @@ TinyGPT's data and loss with a model of linear layers (ZeRO-3 and FSDP2's meta-d
 torch's MultiheadAttention suits neither), bf16-mixed, Adam: torch's under ddp, fsdp and deepspeed, HybridAdam
 (which ColossalAI requires; the same update) under colossalai. Each source strategy trains 2 epochs of 3 batches
 uninterrupted, and 1 epoch that saves at its end; each checkpoint is resumed under colossalai_cuda, and
-ColossalAI's under the others, for the second epoch. A control trains ddp's saved weights on with a fresh
-optimizer. The saves run in one launch (ColossalAI's first), the resumes under colossalai in a second and those of
+ColossalAI's under the others, for the second epoch. A control resumes ddp's checkpoint with its Adam moments
+emptied. The saves run in one launch (ColossalAI's first), the resumes under colossalai in a second and those of
 ColossalAI's checkpoints in a third, so that no colossalai run follows another backend's in its process. Rank 0
 writes OUT_FOLDER/<run>.pt for every run: its losses, or its error. A resume under colossalai also records the
 weights and Adam moments Gemini holds once restored (by parameter name). Beside them,
@@ -93,10 +93,7 @@ class RecordRestored(L.Callback):
         }
 
 
-def fit(
-    out: Path, devices: int, name: str, epochs: int, resume: Path | None = None, weights: Path | None = None
-) -> dict[str, Any]:
-    """``weights``: a one-file checkpoint whose weights alone the model starts from (a fresh optimizer)."""
+def fit(out: Path, devices: int, name: str, epochs: int, resume: Path | None = None) -> dict[str, Any]:
     strategy_name, options, optimizer = SOURCES[name]
     L.seed_everything(7)
     record = RecordRestored()
@@ -117,9 +114,6 @@ def fit(
         callbacks=[record] if name in COLOSSALAI and resume is not None else [],
     )
     model = LinearGPT(optimizer=optimizer)
-    if weights is not None:
-        model.configure_model()
-        model.load_state_dict(torch.load(weights, weights_only=False, map_location="cpu")["state_dict"])
     trainer.fit(model, ckpt_path=resume)
     return {"trainer": trainer, "losses": model.losses, "restored": record.restored}
 
@@ -153,6 +147,20 @@ def first_half(out: Path, devices: int, name: str) -> dict[str, Any]:
     return result
 
 
+def without_adam_moments(checkpoint: Path) -> Path:
+    """The control: ``checkpoint`` with its optimizer's states emptied, which Adam then starts afresh; the rest of
+    the run (weights, loop state) resumes as saved. What a resume that lost Adam's moments gives. Each rank writes
+    the same file (atomically), so that none reads it before it is whole."""
+    saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    for optimizer in saved["optimizer_states"]:
+        optimizer["state"] = {}
+    control = checkpoint.with_name(f"{checkpoint.stem}-without-moments.ckpt")
+    staged = control.with_suffix(f".{torch.distributed.get_rank() if torch.distributed.is_initialized() else 0}")
+    torch.save(saved, staged)
+    staged.replace(control)
+    return control
+
+
 def main() -> None:
     out, devices, phase = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     out.mkdir(parents=True, exist_ok=True)
@@ -163,9 +171,8 @@ def main() -> None:
             if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
                 (out / f"scratch-{name}").mkdir()
                 run(out, f"reference-{name}", reference, out / f"{name}.ckpt", out / f"scratch-{name}")
-        # The control: ddp's saved weights trained on for an epoch with a fresh Adam (the batches repeat each epoch),
-        # what a resume that lost the optimizer's moments would give. The tolerance must tell it from a resume.
-        run(out, "without-moments-ddp", fit, out / "runs", devices, "ddp", epochs=1, weights=out / "ddp.ckpt")
+        without_moments = without_adam_moments(out / "ddp.ckpt")
+        run(out, "without-moments-ddp", fit, out / "runs", devices, "ddp", epochs=2, resume=without_moments)
         return
     under_colossalai = phase == "resumes-under-colossalai"
     for source, target in PAIRS:
