@@ -9,7 +9,7 @@
 # TIER_TEST_TIMEOUT_S (240; pytest-timeout is in the GPU image) and fails with its traceback instead of
 # silencing the tests after it. A module's shared launch counts against its first test, which may carry a longer
 # limit of its own (deepspeed's one-GPU launch). Logs and a summary go to $OUT as they are written, so a killed
-# call still returns them.
+# call still returns them; at the end the logs are packed into $OUT/logs.tar.gz.
 #
 # JIT-built kernels come and go as one archive, so a fresh machine loads them instead of spending
 # minutes compiling: setup.sh unpacks `.kernels/kernels.tar.gz.part-*` beside the checkout (name
@@ -80,6 +80,11 @@ for item in "${packages[@]}"; do
   cat "$out/$(log_name "$item").log"
 done
 echo "tier: whole command in $(( $(date +%s) - tier_start )) s, the wheelhouse install included" | tee -a "$out/summary.txt"
+# The device tool returns at most 8 files from $OUT: the streams' logs (7 by default) travel back as one archive
+# beside summary.txt and the kernel cache's parts. A call cut short leaves them one by one, as they were written.
+logs=()
+for item in "${packages[@]}"; do logs+=("$(log_name "$item").log"); done
+tar -czf "$out/logs.tar.gz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
 pack_kernel_cache "$out"
 cat "$out/summary.txt"
 exit $status
