@@ -18,6 +18,7 @@ through the convert command's one-file form.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -147,18 +148,18 @@ def first_half(out: Path, devices: int, name: str) -> dict[str, Any]:
     return result
 
 
-def without_adam_moments(checkpoint: Path) -> Path:
-    """The control: ``checkpoint`` with its optimizer's states emptied, which Adam then starts afresh; the rest of
-    the run (weights, loop state) resumes as saved. What a resume that lost Adam's moments gives. Each rank writes
-    the same file (atomically), so that none reads it before it is whole."""
-    saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
+def resume_without_adam_moments(out: Path, devices: int) -> dict[str, Any]:
+    """The control: ddp's checkpoint with its optimizer's states emptied, which Adam then starts afresh, resumed for
+    the second epoch; the rest of the run (weights, loop state) resumes as saved. What a resume that lost Adam's
+    moments gives. Each process writes the same file (atomically), so that none reads it before it is whole."""
+    saved = torch.load(out / "ddp.ckpt", weights_only=False, map_location="cpu")
     for optimizer in saved["optimizer_states"]:
         optimizer["state"] = {}
-    control = checkpoint.with_name(f"{checkpoint.stem}-without-moments.ckpt")
-    staged = control.with_suffix(f".{torch.distributed.get_rank() if torch.distributed.is_initialized() else 0}")
+    control = out / "ddp-without-moments.ckpt"
+    staged = control.with_suffix(f".{os.getpid()}")
     torch.save(saved, staged)
     staged.replace(control)
-    return control
+    return fit(out / "runs", devices, "ddp", epochs=2, resume=control)
 
 
 def main() -> None:
@@ -171,8 +172,7 @@ def main() -> None:
             if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
                 (out / f"scratch-{name}").mkdir()
                 run(out, f"reference-{name}", reference, out / f"{name}.ckpt", out / f"scratch-{name}")
-        without_moments = without_adam_moments(out / "ddp.ckpt")
-        run(out, "without-moments-ddp", fit, out / "runs", devices, "ddp", epochs=2, resume=without_moments)
+        run(out, "without-moments-ddp", resume_without_adam_moments, out, devices)
         return
     under_colossalai = phase == "resumes-under-colossalai"
     for source, target in PAIRS:
