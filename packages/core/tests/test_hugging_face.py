@@ -63,14 +63,21 @@ def test_the_patch_on_transformers_lasts_as_long_as_the_context(saved: Path) -> 
         raise RuntimeError("inside")
     assert transformers.PreTrainedModel.__dict__["from_pretrained"] is original
     assert transformers.PreTrainedModel.__dict__["init_weights"].__qualname__ == "PreTrainedModel.init_weights"
+    auto_original = transformers.AutoModelForCausalLM.__dict__["from_pretrained"]
+    with hf.deferred_pretrained_loading("test"):
+        assert transformers.AutoModelForCausalLM.__dict__["from_pretrained"] is not auto_original
+    assert transformers.AutoModelForCausalLM.__dict__["from_pretrained"] is auto_original
 
 
-def test_a_missing_folder_is_refused_with_what_to_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through the model's own class (the Auto classes read the config first, and transformers answers there)."""
+@pytest.mark.parametrize("model_class", [transformers.LlamaForCausalLM, transformers.AutoModelForCausalLM])
+def test_a_missing_folder_is_refused_with_what_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_class: type
+) -> None:
+    """Through the model's own class and through an Auto class, which looks in the folder before the first."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     refused = pytest.raises(CheckpointError, match=r"no-such-model'\): there is no such folder.*save_pretrained")
     with refused, hf.deferred_pretrained_loading("test"), torch.device("meta"):
-        transformers.LlamaForCausalLM.from_pretrained(tmp_path / "no-such-model")
+        model_class.from_pretrained(tmp_path / "no-such-model")
 
 
 def test_a_half_written_checkpoint_is_refused_before_anything_is_built(saved: Path, tmp_path: Path) -> None:
@@ -135,6 +142,20 @@ def test_export_writes_a_folder_from_pretrained_loads(saved: Path, tmp_path: Pat
     torch.testing.assert_close(exported(input_ids=batch).logits, reference(input_ids=batch).logits)
 
 
+def test_an_exported_adapter_is_named_with_how_peft_loads_it(
+    saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    peft = pytest.importorskip("peft")
+    module = torch.nn.Module()
+    module.model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), peft.LoraConfig(r=4))
+    checkpoint = {"state_dict": module.state_dict()}
+    hf.record_models(checkpoint, module)
+    torch.save(checkpoint, tmp_path / "lightning.ckpt")
+    assert cli(["export", str(tmp_path / "lightning.ckpt"), str(tmp_path / "out")]) == 0
+    assert "a PEFT adapter: load it with PeftModel.from_pretrained(base_model, " in capsys.readouterr().out
+    assert (tmp_path / "out" / "adapter_config.json").is_file()
+
+
 def test_export_never_writes_over_a_folder(saved: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "taken"
     out.mkdir()
@@ -144,6 +165,13 @@ def test_export_never_writes_over_a_folder(saved: Path, tmp_path: Path, capsys: 
     assert cli(["export", str(checkpoint), str(out), "--config", str(saved)]) == 2
     assert "exists already" in capsys.readouterr().err
     assert [item.name for item in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_export_of_a_missing_checkpoint_says_it_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "checkpoints" / "last.ckpt"
+    assert cli(["export", str(missing), str(tmp_path / "out")]) == 2
+    assert f"No checkpoint at {missing}. Check the path." in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_recorded_model_exports_without_a_config(saved: Path, tmp_path: Path) -> None:
@@ -205,7 +233,9 @@ def test_an_adapter_folder_is_refused_with_how_to_load_it(saved: Path, tmp_path:
     peft = pytest.importorskip("peft")
     adapted = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), peft.LoraConfig(r=4))
     adapted.save_pretrained(tmp_path / "adapter")  # its config names the base model's folder
-    refused = pytest.raises(TypeError, match=r"adapter_kwargs=.*holds a PEFT adapter.*PeftModel.load_adapter")
+    refused = pytest.raises(
+        TypeError, match=r"from_pretrained\('[^']*adapter'\) .*holds a PEFT adapter.*ckpt_path=.*base model: '"
+    )
     with refused, hf.deferred_pretrained_loading("test"), torch.device("meta"):
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "adapter")
 

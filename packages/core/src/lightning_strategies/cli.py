@@ -273,7 +273,10 @@ def command_export(arguments: argparse.Namespace) -> int:
     except ModuleNotFoundError as error:  # export builds the model with transformers (and peft for an adapter)
         print(f"error: export needs {error.name}: pip install {error.name}", file=sys.stderr)
         return 2
-    print(f"wrote {written}: load it with from_pretrained({str(written)!r})")
+    if os.path.isfile(os.path.join(written, "adapter_config.json")):
+        print(f"wrote {written}, a PEFT adapter: load it with PeftModel.from_pretrained(base_model, {str(written)!r})")
+    else:
+        print(f"wrote {written}: load it with from_pretrained({str(written)!r})")
     return 0
 
 

@@ -79,7 +79,7 @@ def convert(
     without the optimizer states where the source's layout cannot be read with them. ``report`` gets one line per
     step."""
     source, out = Path(source), Path(out)
-    found = _source_format(source)
+    found = source_format(source)
     target = target_format(to)
     if found == target and not (target == FILE and drop_optimizer_states):
         return Conversion(found, target, None, notes=[f"{source} is {found.description} already: nothing to convert."])
@@ -122,7 +122,8 @@ def convert(
     return Conversion(found, target, out, dropped=dropped, notes=notes)
 
 
-def _source_format(source: Path) -> CheckpointFormat:
+def source_format(source: Path) -> CheckpointFormat:
+    """The layout of the checkpoint at ``source``; a missing, damaged or unknown one refused in words."""
     if not source.exists():
         raise CheckpointError(f"No checkpoint at {source}. Check the path.")
     found = identify(source)

@@ -105,7 +105,7 @@ def export(
     ``prefix`` picks the model where the LightningModule holds several (its attribute name, e.g. ``"model"``);
     ``config`` is a folder with ``config.json`` for checkpoints saved without a record of the model.
     """
-    from lightning_strategies.checkpoints import identify
+    from lightning_strategies.checkpoints.convert import source_format
 
     source, out = Path(checkpoint), Path(out)
     if out.exists():
@@ -113,12 +113,11 @@ def export(
             f"{out} exists already; export writes a new folder and overwrites nothing. Choose another path, or "
             "remove that one first."
         )
-    found = identify(source)
-    if found is None or not found.read_weights:
-        what = "no checkpoint the installed strategy packages know" if found is None else found.description
+    found = source_format(source)
+    if not found.read_weights:
         raise CheckpointError(
-            f"{source} is {what}, which export cannot read. "
-            + (f"{found.to_full_weights.format(path=source)}, then export that file." if found else "Check the path.")
+            f"{source} is {found.description}, which export cannot read. "
+            f"{found.to_full_weights.format(path=source)}, then export that file."
         )
     module_name, function = found.read_weights.split(":")
     saved = getattr(importlib.import_module(module_name), function)(source, weights_only)

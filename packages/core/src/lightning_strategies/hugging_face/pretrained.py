@@ -9,6 +9,7 @@ calls ``load_pending`` once the model is sharded, and each rank reads only its p
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -35,8 +36,10 @@ HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "re
 # from_pretrained arguments that place, transform or add to the weights as they load, which a model whose weights the
 # strategy reads into its shards cannot honour: each is refused with what to do instead.
 REFUSED_ARGUMENTS = {
-    "adapter_kwargs": "that folder holds a PEFT adapter: load its base model here, wrap it with peft.get_peft_model "
-    "and load the adapter's weights after setup (PeftModel.load_adapter), or merge the adapter into a full checkpoint",
+    "adapter_kwargs": "that folder holds a PEFT adapter: load its base model here and wrap it with "
+    "peft.get_peft_model. To go on training it, resume the run's checkpoint with Trainer.fit(ckpt_path=...), which "
+    "carries the adapter and its optimizer states; or merge the adapter into its base model (merge_and_unload, then "
+    "save_pretrained) and load that folder",
     "key_mapping": "save the model once with its keys renamed (from_pretrained then save_pretrained) and load that",
     "output_loading_info": "the strategy reports weights the checkpoint lacks as it reads them; drop the argument",
     "device_map": "the strategy places every shard; drop device_map",
@@ -290,15 +293,28 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
 
     pretrained_model = modeling_utils.PreTrainedModel
     originals = {name: pretrained_model.__dict__[name] for name in ("from_pretrained", "init_weights")}
+    auto_classes = _auto_model_classes()
 
     def from_pretrained(cls: type, source: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
         return _build_deferred(cls, os.fspath(source), args, kwargs, strategy)
+
+    def refusing_missing_folders(original: classmethod) -> classmethod:
+        # The Auto classes look in the folder (for an adapter's config, then the model's) before the model class's
+        # from_pretrained is reached, and transformers answers a missing one about hub repository names.
+        def auto_from_pretrained(cls: type, source: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(source, (str, os.PathLike)):
+                _refuse_missing_folder(os.fspath(source))
+            return original.__func__(cls, source, *args, **kwargs)
+
+        return classmethod(auto_from_pretrained)
 
     def tie_weights_only(self: Any) -> None:
         _initialization_deferred.add(self)
         self.tie_weights(recompute_mapping=False)
 
     setattr(pretrained_model, "from_pretrained", classmethod(from_pretrained))  # noqa: B010  (a method, for mypy)
+    for auto_class, original in auto_classes.items():
+        setattr(auto_class, "from_pretrained", refusing_missing_folders(original))  # noqa: B010
     if initialize_later:
         setattr(pretrained_model, "init_weights", tie_weights_only)  # noqa: B010
     try:
@@ -306,6 +322,24 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
     finally:
         for name, original in originals.items():
             setattr(pretrained_model, name, original)
+        for auto_class, original in auto_classes.items():
+            setattr(auto_class, "from_pretrained", original)  # noqa: B010
+
+
+def _auto_model_classes() -> dict[type, Any]:
+    """The Auto model classes (AutoModel, AutoModelForCausalLM, ...) with the from_pretrained each holds: transformers
+    gives each a copy of its base class's, so each is patched apart. Imported here, so that a configure_model that
+    imports them itself finds them patched."""
+    importlib.import_module("transformers.models.auto.modeling_auto")
+    base = importlib.import_module("transformers.models.auto.auto_factory")._BaseAutoModelClass
+    found: dict[type, Any] = {}
+    pending = [base]
+    while pending:
+        auto_class = pending.pop()
+        pending.extend(auto_class.__subclasses__())
+        if "from_pretrained" in auto_class.__dict__:
+            found[auto_class] = auto_class.__dict__["from_pretrained"]
+    return found
 
 
 def _transformers_5() -> Any:
@@ -350,8 +384,11 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
     refused = [name for name in REFUSED_ARGUMENTS if kwargs.get(name) not in (None, False)]
     if refused or args:
         reason = REFUSED_ARGUMENTS[refused[0]] if refused else "pass them as keyword arguments"
-        what = f"{refused[0]}=" if refused else "positional model arguments"
-        raise TypeError(f"{cls.__name__}.from_pretrained({source!r}, {what}...) inside configure_model under "
+        what = f"{source!r}, {refused[0]}=..." if refused else f"{source!r}, positional model arguments..."
+        if refused[:1] == ["adapter_kwargs"]:  # the Auto classes found an adapter in the folder the user named
+            what = repr(os.fspath(kwargs["adapter_kwargs"]["_adapter_model_path"]))
+            reason = f"{reason} (its base model: {source!r})"
+        raise TypeError(f"{cls.__name__}.from_pretrained({what}) inside configure_model under "
                         f"strategy={strategy!r}: {reason}.")  # fmt: skip
     hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
     _refuse_missing_folder(source)
