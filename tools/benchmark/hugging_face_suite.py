@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.benchmark import report
+
 BF16_REDUCE = json.dumps({"mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}})
 # Label -> the benchmark's arguments. Without the key-value cache throughout: compiled layers need it off, and the
 # eager runs are then the baseline they are compared with.
@@ -119,7 +121,7 @@ def page(paths: list[Path], out: Path) -> str:
     if not records:
         raise SystemExit(f"No records in {', '.join(map(str, paths))}: nothing was measured.")
     first = records[0]
-    versions = ", ".join(f"{name} {version}" for name, version in first["versions"].items() if version)
+    versions = report.versions_line(first["versions"])
     lines = [
         f"# Hugging Face Llama {first['size']}: tokens/s by configuration",
         "",

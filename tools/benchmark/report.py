@@ -263,6 +263,12 @@ def session_section(
     return "\n".join(lines) + "\n"
 
 
+def versions_line(versions: dict[str, str | None]) -> str:
+    """The installed versions a record names, as one line ("torch 2.11.0, lightning 2.6.6, ..."); missing ones left
+    out."""
+    return ", ".join(f"{name} {version}" for name, version in versions.items() if version)
+
+
 def environment_table(summary: dict[str, Any]) -> list[str]:
     versions = summary.get("versions", {})
     settings = summary.get("settings", {})

@@ -190,7 +190,7 @@ def _scaling_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
         return ["Not measured (no records in scaling/)."], []
     first = summaries[0]
     counts = sorted({devices for row in rows for devices in (*row["by_devices"], *row["not_measured"])})
-    versions = ", ".join(f"{name} {version}" for name, version in first["versions"].items() if version)
+    versions = report.versions_line(first["versions"])
     settings = first["settings"]
     machine = f"{first['device_count']} x {first['device']}"
     lines = [
@@ -240,7 +240,7 @@ def _offload_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
     if not rows:
         return ["Not measured (no records in offload/)."], []
     first = records[0]
-    versions = ", ".join(f"{name} {version}" for name, version in first["versions"].items() if version)
+    versions = report.versions_line(first["versions"])
     lines = [
         f"One GPU, the settings `lightning-strategies plan` chooses. {_measured_on(records, first['device'])} "
         f"{versions}.",
