@@ -234,10 +234,89 @@ def test_an_adapter_folder_is_refused_with_how_to_load_it(saved: Path, tmp_path:
     adapted = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), peft.LoraConfig(r=4))
     adapted.save_pretrained(tmp_path / "adapter")  # its config names the base model's folder
     refused = pytest.raises(
-        TypeError, match=r"from_pretrained\('[^']*adapter'\) .*holds a PEFT adapter.*ckpt_path=.*base model: '"
+        TypeError,
+        match=r"from_pretrained\('[^']*adapter'\) .*holds a PEFT adapter.*PeftModel.from_pretrained\(base_model, "
+        r"adapter_folder, is_trainable=True\).*base model: '",
     )
     with refused, hf.deferred_pretrained_loading("test"), torch.device("meta"):
         transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "adapter")
+
+
+def a_trained_adapter(base: Path, folder: Path, config: object = None, safe_serialization: bool = True) -> Path:
+    """A LoRA adapter whose B is not zero (as a trained one's is not), saved with save_pretrained: on the model saved
+    at ``base``, or on one built from ``config``."""
+    peft = pytest.importorskip("peft")
+    auto = transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(base) if config is None else auto.from_config(config)
+    settings = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
+    adapted = peft.get_peft_model(model, settings)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                parameter.normal_(0, 0.05)
+    adapted.save_pretrained(folder, safe_serialization=safe_serialization)
+    return folder
+
+
+def test_an_adapter_loaded_onto_its_base_in_the_hook_is_read_into_the_built_model(saved: Path, tmp_path: Path) -> None:
+    """PeftModel.from_pretrained(base, folder) in configure_model: the adapter's weights reach the built model (on
+    the meta device, PEFT's own load would copy them into nothing) and it predicts as PEFT's eager load does."""
+    peft = pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        model = peft.PeftModel.from_pretrained(base, adapter, is_trainable=True)
+    assert peft.PeftModel.__dict__["load_adapter"].__module__ == "peft.peft_model"  # the patch is gone
+    materialised(model)
+    eager = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(saved), adapter)
+    built, expected = model.state_dict(), eager.state_dict()
+    adapted = [name for name in expected if "lora_B" in name or "modules_to_save" in name]
+    assert len(adapted) == 5 and all(torch.equal(built[name], expected[name]) for name in adapted)
+    batch = conformance.data("llama", 4, seed=1).tensors[0]
+    torch.testing.assert_close(model(input_ids=batch).logits, eager(input_ids=batch).logits)
+    assert any(parameter.requires_grad for name, parameter in model.named_parameters() if "lora_B" in name)
+
+
+def test_an_adapter_is_read_once_the_model_is_built_not_in_the_hook(saved: Path, tmp_path: Path) -> None:
+    """Tensors made inside a strategy's init context are its placeholders (ZeRO-3 makes them in its dtype on the
+    GPU), so PEFT reads only the file's header there: the values arrive when the strategy loads them."""
+    peft = pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"):
+        model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(saved), adapter)
+    lora_b = model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
+    assert not lora_b.any()  # PEFT's start: B zero
+    with torch.no_grad():
+        hf.load_pending(model, lambda tensor, weights, original: tensor.copy_(weights.read(original)))
+    saved_b = load_file(adapter / "adapter_model.safetensors")[
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    ]
+    assert lora_b.any() and torch.equal(lora_b, saved_b)
+
+
+def test_a_pickled_adapter_is_refused_with_how_to_convert_it(saved: Path, tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter", safe_serialization=False)
+    assert (adapter / "adapter_model.bin").is_file()
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        with pytest.raises(CheckpointError, match=r"adapter_model.bin \(pickled\).*save_pretrained it again"):
+            peft.PeftModel.from_pretrained(base, adapter)
+
+
+def test_an_adapter_of_another_base_model_is_refused_with_what_to_load(saved: Path, tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    narrower = transformers.AutoConfig.from_pretrained(saved)
+    narrower.vocab_size = 96  # the head the adapter trains a copy of is narrower than the base model's
+    adapter = a_trained_adapter(saved, tmp_path / "adapter", config=narrower)
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        refused = r"weight\(s\) of the adapter do not fit.*adapter \[96, 64\], model \[128, 64\].*Load the base model"
+        with pytest.raises(CheckpointError, match=refused):
+            peft.PeftModel.from_pretrained(base, adapter)
 
 
 def test_weights_renamed_after_from_pretrained_are_refused_not_left_random(saved: Path) -> None:

@@ -55,11 +55,12 @@ def lazy_init_context(device: torch.device, strategy: str = "colossalai") -> Gen
     from colossalai.lazy.lazy_init import LazyTensor
 
     # Core's from_pretrained is entered after LazyInitContext, so it stands in for ColossalAI's while both are open.
+    # Gemini refuses PEFT models (refusals.check_adapters): adapter loads are left to PEFT.
     with (
         LazyInitContext(default_device=device),
         _sources_materialised_first(LazyTensor),
         _typing_legacy_constructors(),
-        deferred_pretrained_loading(strategy),
+        deferred_pretrained_loading(strategy, adapters=False),
     ):
         yield
 

@@ -4,12 +4,14 @@
 ``transformers`` loads weights at once, into the whole model, on every rank (and refuses the meta device). Inside
 ``deferred_pretrained_loading()`` it instead records where each weight is (``PretrainedWeights``); the strategy
 calls ``load_pending`` once the model is sharded, and each rank reads only its part of the safetensors files.
+A PEFT adapter loaded there (``PeftModel.from_pretrained(base, folder)``) is recorded the same way: PEFT names
+each weight of the adapter's file after the model's parameters, and the strategy reads it into the shards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -36,10 +38,9 @@ HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "re
 # from_pretrained arguments that place, transform or add to the weights as they load, which a model whose weights the
 # strategy reads into its shards cannot honour: each is refused with what to do instead.
 REFUSED_ARGUMENTS = {
-    "adapter_kwargs": "that folder holds a PEFT adapter: load its base model here and wrap it with "
-    "peft.get_peft_model. To go on training it, resume the run's checkpoint with Trainer.fit(ckpt_path=...), which "
-    "carries the adapter and its optimizer states; or merge the adapter into its base model (merge_and_unload, then "
-    "save_pretrained) and load that folder",
+    "adapter_kwargs": "that folder holds a PEFT adapter: load its base model here and the adapter onto it, "
+    "peft.PeftModel.from_pretrained(base_model, adapter_folder, is_trainable=True), which the strategy reads into "
+    "its shards. To go on from a run's checkpoint, Trainer.fit(ckpt_path=...) also carries the optimizer states",
     "key_mapping": "save the model once with its keys renamed (from_pretrained then save_pretrained) and load that",
     "output_loading_info": "the strategy reports weights the checkpoint lacks as it reads them; drop the argument",
     "device_map": "the strategy places every shard; drop device_map",
@@ -56,7 +57,7 @@ REFUSED_ARGUMENTS = {
 PEFT_WRAPPERS = re.compile(r"\.(base_layer|original_module|modules_to_save\.[^.]+)\.")
 # Weights of models built inside deferred_pretrained_loading(), until their strategy loads them. Weak, so a model
 # that is dropped takes its entry with it.
-_pending: weakref.WeakKeyDictionary[Any, PretrainedWeights] = weakref.WeakKeyDictionary()
+_pending: weakref.WeakKeyDictionary[Any, list[PretrainedWeights]] = weakref.WeakKeyDictionary()
 # Models whose Hugging Face initialisation was skipped at construction (initialize_later), until it is run.
 _initialization_deferred: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -71,11 +72,15 @@ class PretrainedWeights:
     ``files`` maps a checkpoint key to its safetensors file; ``names`` maps the model's own state-dict names to
     checkpoint keys (a checkpoint may be saved with or without the base model's prefix). Names absent from
     ``names`` are initialised as ``from_pretrained`` would: Hugging Face's initialisation.
+
+    A PEFT adapter's weights (``adapter``) are named by the adapted model's own state-dict names, as PEFT names
+    them when it loads the adapter.
     """
 
     source: str
     files: dict[str, Path]
     names: dict[str, str]
+    adapter: bool = False
     _handles: dict[Path, Any] = field(default_factory=dict, repr=False)
 
     def read(self, name: str, index: tuple[slice, ...] | None = None) -> torch.Tensor:
@@ -99,13 +104,14 @@ class PretrainedWeights:
 
 def pending_weights(root: nn.Module) -> list[tuple[str, nn.Module, PretrainedWeights]]:
     """``(prefix, model, weights)`` for every model in ``root`` whose pretrained weights are still to be read; the
-    model's state-dict names are ``prefix`` + its own. Each is handed out once."""
+    model's state-dict names are ``prefix`` + its own. Each is handed out once, adapters after the models they adapt:
+    a base model's weights also start the copies an adapter trains (``modules_to_save``), which the adapter's own
+    weights then replace."""
     found = []
     for prefix, module in root.named_modules():
-        weights = _pending.pop(module, None)
-        if weights is not None:
+        for weights in _pending.pop(module, []):
             found.append((f"{prefix}." if prefix else "", module, weights))
-    return found
+    return sorted(found, key=lambda entry: entry[2].adapter)
 
 
 def pretrained_tensors(root: nn.Module) -> Iterator[tuple[Any, PretrainedWeights, str]]:
@@ -117,7 +123,8 @@ def pretrained_tensors(root: nn.Module) -> Iterator[tuple[Any, PretrainedWeights
         found: set[str] = set()
         try:
             for own_name, tensor in model.state_dict(keep_vars=True).items():
-                original = PEFT_WRAPPERS.sub(".", own_name)
+                # An adapter's weights go by their own names; a base model's by those before PEFT wrapped its layers.
+                original = own_name if own_name in weights.names else PEFT_WRAPPERS.sub(".", own_name)
                 if original in weights.names:
                     found.add(original)
                     yield tensor, weights, original
@@ -276,13 +283,16 @@ def _full_shape(tensor: Any) -> Any:
 
 
 @contextlib.contextmanager
-def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -> Iterator[None]:
+def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, adapters: bool = True) -> Iterator[None]:
     """Inside, ``PreTrainedModel.from_pretrained`` builds the model from its config in the surrounding init context
     and records where its weights are; the strategy named ``strategy`` reads them into its shards (``load_pending``).
 
     With ``initialize_later``, models built inside also skip Hugging Face's initialisation at construction (their
     layers' own still runs, and tied weights are tied), for a strategy that initialises them once they are sharded:
     under ZeRO-3 each rank holds an empty placeholder then, which ``_init_weights`` cannot index.
+
+    With ``adapters``, a PEFT adapter loaded inside (``PeftModel.from_pretrained``) is kept for the strategy too;
+    a strategy that refuses PEFT models passes False, and peft is not imported.
 
     The patches on ``transformers`` last exactly as long as the context: nothing outlives the hook it wraps.
     """
@@ -294,6 +304,8 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
     pretrained_model = modeling_utils.PreTrainedModel
     originals = {name: pretrained_model.__dict__[name] for name in ("from_pretrained", "init_weights")}
     auto_classes = _auto_model_classes()
+    peft_model = _peft_model_class() if adapters else None
+    original_load_adapter = peft_model.__dict__["load_adapter"] if peft_model is not None else None
 
     def from_pretrained(cls: type, source: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
         return _build_deferred(cls, os.fspath(source), args, kwargs, strategy)
@@ -317,6 +329,8 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
         setattr(auto_class, "from_pretrained", refusing_missing_folders(original))  # noqa: B010
     if initialize_later:
         setattr(pretrained_model, "init_weights", tie_weights_only)  # noqa: B010
+    if original_load_adapter is not None:
+        setattr(peft_model, "load_adapter", _deferring_adapter_loads(original_load_adapter, strategy))  # noqa: B010
     try:
         yield
     finally:
@@ -324,6 +338,8 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False) -
             setattr(pretrained_model, name, original)
         for auto_class, original in auto_classes.items():
             setattr(auto_class, "from_pretrained", original)  # noqa: B010
+        if peft_model is not None:
+            setattr(peft_model, "load_adapter", original_load_adapter)  # noqa: B010
 
 
 def _auto_model_classes() -> dict[type, Any]:
@@ -340,6 +356,120 @@ def _auto_model_classes() -> dict[type, Any]:
         if "from_pretrained" in auto_class.__dict__:
             found[auto_class] = auto_class.__dict__["from_pretrained"]
     return found
+
+
+def _peft_model_class() -> Any:
+    """``peft.PeftModel`` where peft is installed, else None. Imported here (a second or more), so that a
+    configure_model that imports peft itself finds it patched: unpatched, an adapter read into a model built in the
+    strategy's init context is lost (copied into the meta device) or refused (ZeRO-3's empty partitions)."""
+    if importlib.util.find_spec("peft") is None:
+        return None
+    try:
+        return importlib.import_module("peft").PeftModel
+    except ImportError as error:
+        log.warning("peft could not be imported (%s); PeftModel.load_adapter is left as is.", error)
+        return None
+
+
+def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Callable[..., Any]:
+    """``PeftModel.load_adapter`` (which ``PeftModel.from_pretrained`` calls) as PEFT has it, but for the weights:
+    PEFT reads only the header of the adapter's safetensors file (each tensor on the meta device: inside the
+    strategy's init context, tensors made there would be its placeholders) and names each after the model's
+    parameters; the strategy then reads the file into its shards (``PretrainedWeights`` with ``adapter``)."""
+    from torch.nn.modules.module import _IncompatibleKeys
+
+    save_and_load: Any = importlib.import_module("peft.utils.save_and_load")
+
+    def load_adapter(self: Any, model_id: Any, *args: Any, **kwargs: Any) -> Any:
+        source = os.fspath(model_id)
+        if kwargs.get("low_cpu_mem_usage"):
+            raise TypeError(
+                f"PeftModel.from_pretrained(..., {source!r}, low_cpu_mem_usage=True) inside configure_model under "
+                f"strategy={strategy!r}: the strategy builds the adapter in its shards and reads its weights into "
+                "them; drop low_cpu_mem_usage."
+            )
+        ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
+        own = dict(self.state_dict(keep_vars=True))
+        where: dict[int, tuple[str, Path]] = {}  # id of each header tensor -> its key and file
+        loaded: dict[str, Any] = {}
+
+        def read_header(filename: str, device: Any = None) -> dict[str, Any]:
+            tensors = _header_tensors(Path(filename))
+            where.update((id(tensor), (key, Path(filename))) for key, tensor in tensors.items())
+            return tensors
+
+        def refuse_pickle(filename: str, *_: Any, **__: Any) -> Any:
+            raise CheckpointError(
+                f"PeftModel.from_pretrained(..., {source!r}): the adapter is saved as {Path(filename).name} (pickled), "
+                "which cannot be read a shard at a time. Load it once with peft and save_pretrained it again "
+                "(safetensors is the default), then load that folder."
+            )
+
+        def keep(state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
+            loaded.update(state_dict)
+            return _IncompatibleKeys([name for name in own if name not in state_dict],
+                                     [name for name in state_dict if name not in own])  # fmt: skip
+
+        readers = save_and_load.safe_load_file, save_and_load.torch_load
+        save_and_load.safe_load_file, save_and_load.torch_load = read_header, refuse_pickle
+        self.load_state_dict = keep  # what PEFT's set_peft_model_state_dict loads the adapter with
+        try:
+            result = original(self, model_id, *args, **kwargs)
+        finally:
+            del self.load_state_dict
+            save_and_load.safe_load_file, save_and_load.torch_load = readers
+        found = {name: value for name, value in loaded.items() if name in own}
+        _defer_adapter(self, source, found, where, ignore_mismatched)
+        return result
+
+    return load_adapter
+
+
+def _header_tensors(path: Path) -> dict[str, Any]:
+    """Each tensor of a safetensors file as an empty tensor of its shape and dtype on the meta device."""
+    import torch
+    from safetensors import safe_open
+
+    dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+    with safe_open(str(path), framework="pt") as handle:
+        slices = {key: handle.get_slice(key) for key in handle.keys()}  # noqa: SIM118
+        return {
+            key: torch.empty(piece.get_shape(), dtype=dtypes.get(piece.get_dtype(), torch.float32), device="meta")
+            for key, piece in slices.items()
+        }
+
+
+def _defer_adapter(
+    model: Any, source: str, loaded: dict[str, Any], where: dict[int, tuple[str, Path]], ignore_mismatched: bool
+) -> None:
+    """Record where each adapter weight PEFT named is, refusing any that do not fit the model PEFT adapted."""
+    own = dict(model.state_dict(keep_vars=True))
+    made = sorted(name for name, value in loaded.items() if id(value) not in where)
+    if made:
+        raise CheckpointError(
+            f"PeftModel.from_pretrained(..., {source!r}): {len(made)} weight(s) of the adapter are computed from "
+            f"its file as it loads ({', '.join(made[:3])}{', ...' if len(made) > 3 else ''}), which the strategy "
+            "cannot read into its shards. Load the adapter onto the base model with strategy='ddp', merge it "
+            "(merge_and_unload) and save_pretrained that model, then fine-tune from it."
+        )
+    mismatched = {
+        name: f"{name}: adapter {list(value.shape)}, model {list(_full_shape(own[name]))}"
+        for name, value in loaded.items()
+        if tuple(value.shape) != tuple(_full_shape(own[name]))
+    }
+    if mismatched and not ignore_mismatched:
+        shown = "; ".join(list(mismatched.values())[:4]) + ("; ..." if len(mismatched) > 4 else "")
+        raise CheckpointError(
+            f"PeftModel.from_pretrained(..., {source!r}): {len(mismatched)} weight(s) of the adapter do not fit the "
+            f"model ({shown}). Load the base model the adapter was trained on (its adapter_config.json names it), or "
+            "pass ignore_mismatched_sizes=True to initialise those weights afresh."
+        )
+    if mismatched:
+        log.warning("Some weights of the adapter at %s do not fit the model and are newly initialised: %s",
+                    source, list(mismatched.values()))  # fmt: skip
+    names = {name: where[id(value)][0] for name, value in loaded.items() if name not in mismatched}
+    files = {where[id(loaded[name])][0]: where[id(loaded[name])][1] for name in names}
+    _pending.setdefault(model, []).append(PretrainedWeights(source, files, names, adapter=True))
 
 
 def _transformers_5() -> Any:
@@ -408,7 +538,7 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
     model = cls._from_config(config, dtype=dtype, **kwargs)
     model.name_or_path = source
     _load_generation_config(model, source, hub)
-    _pending[model] = match_names(model, files, source, ignore_mismatched)
+    _pending[model] = [match_names(model, files, source, ignore_mismatched)]
     model.eval()  # as from_pretrained returns it
     return model
 
