@@ -1,5 +1,6 @@
 """GPU tier: Hugging Face transformers models through the ZeRO names on one GPU: the seed's BERT classifier from a
-pre-training checkpoint, decoders from a config and from a checkpoint, and a LoRA adapter."""
+pre-training checkpoint, decoders from a config and from a checkpoint, a new LoRA adapter and a
+trained one loaded to go on training."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ pytestmark = [
 ]
 NAMES = ["deepspeed_stage_3", "deepspeed_stage_3_offload", "deepspeed_stage_2"]
 CASES = [conformance.Case("bert", "pretrained"), conformance.Case("llama", "config"),
-         conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora")]  # fmt: skip
+         conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora"),
+         conformance.Case("llama", "adapter")]  # fmt: skip
 ATOL = 3e-2  # bf16 mixed precision against plain transformers in fp32
 RTOL = 2**-8  # DeepSpeed's bf16 mode makes its fp32 master weights from bf16 copies: loaded weights come back rounded
 

@@ -1,5 +1,6 @@
 """GPU tier: Hugging Face transformers models through fsdp and fsdp_cpu_offload on one GPU: the seed's BERT
-classifier from a pre-training checkpoint, decoders from a config and from a checkpoint, and a LoRA adapter."""
+classifier from a pre-training checkpoint, decoders from a config and from a checkpoint, a new LoRA adapter and a
+trained one loaded to go on training."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = [
 ]
 NAMES = ["fsdp", "fsdp_cpu_offload"]
 CASES = [conformance.Case("bert", "pretrained"), conformance.Case("llama", "config"),
-         conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora")]  # fmt: skip
+         conformance.Case("qwen3", "pretrained"), conformance.Case("llama", "lora"),
+         conformance.Case("llama", "adapter")]  # fmt: skip
 ATOL = 3e-2  # bf16 mixed precision against plain transformers in fp32
 
 

@@ -1,6 +1,6 @@
 """Hugging Face ``transformers`` models through a strategy name, as users write them: built in ``configure_model``
-from a config or with ``from_pretrained``, optionally with a PEFT LoRA adapter, trained, saved and exported back to
-a Hugging Face folder.
+from a config or with ``from_pretrained``, optionally with a new PEFT LoRA adapter or a trained one loaded with
+``PeftModel.from_pretrained``, trained, saved and exported back to a Hugging Face folder.
 
 Run by every rank of one process group (``python -m lightning_strategies.conformance.hugging_face``, launched once;
 the Trainer starts the other ranks). Several cases run one after another in the same processes, each with a new
@@ -49,6 +49,7 @@ __all__ = [
     "optimizer_for",
     "resumed_problems",
     "tiny_config",
+    "write_adapter",
     "write_pretrained",
 ]
 
@@ -67,7 +68,10 @@ CAUSAL = {
     "gpt2": "GPT2Config",
 }
 FAMILIES = (*CAUSAL, "bert")
-MODES = ("config", "pretrained", "lora")
+# "lora": a new adapter on a checkpoint (peft.get_peft_model); "adapter": a trained one loaded onto it
+# (peft.PeftModel.from_pretrained), to go on training.
+MODES = ("config", "pretrained", "lora", "adapter")
+ADAPTED = ("lora", "adapter")
 
 
 @dataclass(frozen=True)
@@ -81,12 +85,13 @@ class Case:
         return f"{self.family}-{self.mode}"
 
 
-# What a sharding strategy's CPU tier runs: every family from a config and from a checkpoint, and LoRA on a decoder
-# and on the classifier.
+# What a sharding strategy's CPU tier runs: every family from a config and from a checkpoint, LoRA on a decoder and
+# on the classifier, and a trained adapter loaded to go on training.
 EVERY_CASE = [
     *(Case(family, mode) for family in FAMILIES for mode in ("config", "pretrained")),
     Case("llama", "lora"),
     Case("bert", "lora"),
+    Case("llama", "adapter"),
 ]
 
 
@@ -139,6 +144,36 @@ def write_pretrained(folder: Path, family: str, seed: int = 7, steps: int = 16) 
         model.bert.load_state_dict(classifier.bert.state_dict())
     model.save_pretrained(target)
     return target
+
+
+def write_adapter(folder: Path, family: str, seed: int = 11, steps: int = 8) -> Path:
+    """A LoRA adapter on ``write_pretrained``'s checkpoint of ``family``, ``steps`` steps into the family's task,
+    saved with ``save_pretrained`` into ``folder/<family>-adapter``: what a user goes on training."""
+    import peft
+    import transformers
+
+    target = folder / f"{family}-adapter"
+    if (target / "adapter_config.json").is_file():
+        return target
+    torch.manual_seed(seed)
+    base = transformers.AutoModelForCausalLM.from_pretrained(write_pretrained(folder, family))
+    model = peft.get_peft_model(base, _lora_settings(family))
+    optimizer = torch.optim.AdamW([parameter for parameter in model.parameters() if parameter.requires_grad], lr=1e-2)
+    batches = data(family, 8 * steps, seed=seed + 1).tensors[0]
+    for step in range(steps):
+        batch = batches[8 * step : 8 * step + 8]
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(target)
+    return target
+
+
+def _lora_settings(family: str) -> Any:
+    import peft
+
+    task = "SEQ_CLS" if family == "bert" else "CAUSAL_LM"  # a classifier's new head trains beside the adapter
+    return peft.LoraConfig(task_type=task, r=8, lora_alpha=16, target_modules="all-linear")
 
 
 def data(family: str, count: int, seed: int) -> TensorDataset:
@@ -195,9 +230,12 @@ class TransformersModule(LightningModule):
         if mode == "lora":
             import peft
 
-            task = "SEQ_CLS" if family == "bert" else "CAUSAL_LM"  # a classifier's new head trains beside the adapter
-            settings = peft.LoraConfig(task_type=task, r=8, lora_alpha=16, target_modules="all-linear")
-            model = peft.get_peft_model(model, settings)
+            model = peft.get_peft_model(model, _lora_settings(family))
+        elif mode == "adapter":
+            import peft
+
+            adapter = Path(str(self.pretrained)).with_name(f"{family}-adapter")  # beside the base (write_adapter)
+            model = peft.PeftModel.from_pretrained(model, adapter, is_trainable=True)
         self.model = model
 
     @override
@@ -309,7 +347,7 @@ def run(
     module_class = SeedExampleModule if hook == "configure_sharded_model" else HuggingFaceModule
     # Adapters of rank 8 on a few projections move the model slowly: they get the larger step LoRA recipes use.
     module = module_class(
-        case, pretrained, learning_rate=1e-2 if case.mode == "lora" else 1e-3,
+        case, pretrained, learning_rate=1e-2 if case.mode in ADAPTED else 1e-3,
         optimizer=optimizer_for(strategy),
     )  # fmt: skip
     speed = SpeedMonitor(peak_flops=1e12)  # counts the model's FLOPs as the strategy holds it, sharded or not
@@ -417,6 +455,8 @@ def launch(
 
     for family in sorted({case.family for case in cases if case.mode != "config"}):
         write_pretrained(folder / "pretrained", family)
+    for family in sorted({case.family for case in cases if case.mode == "adapter"}):
+        write_adapter(folder / "pretrained", family)
     run_script(
         "-m", __name__, "--strategy", strategy, "--folder", folder, "--cases", ",".join(case.name for case in cases),
         "--accelerator", accelerator, "--devices", str(devices), "--precision", precision, "--hook", hook,
@@ -531,15 +571,22 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
         losses = result["losses"]
         logits = torch.load(folder / case.name / "logits.pt", weights_only=True)
         pretrained = _pretrained_folder(case, folder)
-        if case.mode != "lora":
+        # Rounded to a 16-bit format where rtol is given: fp16's subnormal step bounds the smallest weights.
+        subnormal = 2**-24 if rtol else 0.0
+        if case.mode == "adapter":  # as set up, the adapter is the one loaded
+            initial_adapter = _adapter_weights(folder / case.name / "initial-exported")
+            problems += [
+                f"{name} differs from the loaded adapter's by {(initial_adapter[name] - value).abs().max():.2e}"
+                for name, value in _adapter_weights(_adapter_folder(case, folder)).items()
+                if not torch.allclose(initial_adapter[name], value, rtol=rtol, atol=subnormal)
+            ]
+        elif case.mode != "lora":
             initial = eager_model(case.family, folder / case.name / "initial-exported").state_dict()
             reference = eager_model(case.family, pretrained).state_dict()
             if pretrained is None:
                 problems += initialisation_problems(initial, reference)
             else:
                 drawn = {name for name in reference if case.family == "bert" and name.startswith("classifier.")}
-                # Rounded to a 16-bit format where rtol is given: fp16's subnormal step bounds the smallest weights.
-                subnormal = 2**-24 if rtol else 0.0
                 problems += [
                     f"{name} differs from the checkpoint's by {(initial[name] - reference[name]).abs().max():.2e}"
                     for name in reference
@@ -550,7 +597,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
                     {name: initial[name] for name in drawn}, {name: reference[name] for name in drawn}
                 )
         if pretrained is not None and case.family != "bert":
-            reference_logits = logits_of(eager_model(case.family, pretrained), case.family)
+            reference_logits = logits_of(_eager_as_set_up(case, folder), case.family)
             if not torch.allclose(logits["before"], reference_logits, atol=atol):
                 difference = (logits["before"] - reference_logits).abs().max().item()
                 problems.append(f"predictions before training differ from transformers' by {difference:.2e}")
@@ -560,7 +607,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
             accuracy = (logits["after"].argmax(-1) == labels).float().mean().item()
             if accuracy < CLASSIFIER_ACCURACY:
                 problems.append(f"classifier accuracy {accuracy:.2f} after training, below {CLASSIFIER_ACCURACY}")
-        if case.mode == "lora" and result["trained_beside_adapters"]:
+        if case.mode in ADAPTED and result["trained_beside_adapters"]:
             problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
         problems += export_problems(folder, case, logits["after"], atol)
         problems += _flops_problems(case, result.get("flops_per_token"))
@@ -570,7 +617,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
 def _flops_problems(case: Case, counted: int | None) -> list[str]:
     """The FLOPs SpeedMonitor counted in the strategy's model against those of the model built eagerly (a LoRA
     model has adapters besides: not compared)."""
-    if case.mode == "lora" or counted is None:
+    if case.mode in ADAPTED or counted is None:
         return []
     expected = flops_per_token(eager_model(case.family), LENGTH)
     return [] if counted == expected else [f"SpeedMonitor counted {counted} FLOPs per token, not {expected}"]
@@ -603,6 +650,26 @@ def _cases_that_ran(
         yield case, result, problems
 
 
+def _eager_as_set_up(case: Case, folder: Path) -> Any:
+    """The model a case with pretrained weights starts from, built by plain ``transformers`` (and PEFT)."""
+    model = eager_model(case.family, _pretrained_folder(case, folder))
+    if case.mode != "adapter":
+        return model
+    import peft
+
+    return peft.PeftModel.from_pretrained(model, _adapter_folder(case, folder)).eval()
+
+
+def _adapter_folder(case: Case, folder: Path) -> Path:
+    return folder / "pretrained" / f"{case.family}-adapter"
+
+
+def _adapter_weights(adapter_folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(adapter_folder / "adapter_model.safetensors")
+
+
 def _learning_problems(losses: list[float]) -> list[str]:
     if min(losses[-4:]) < losses[0] - 0.1:
         return []
@@ -614,7 +681,7 @@ def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float
     ``trained``, the trained model's predictions, within ``atol``."""
     exported_folder = folder / case.name / "last-exported"
     pretrained = _pretrained_folder(case, folder)
-    if case.mode == "lora":  # the adapter alone, loaded onto the model it was trained on
+    if case.mode in ADAPTED:  # the adapter alone, loaded onto the model it was trained on
         import peft
 
         exported_model = peft.PeftModel.from_pretrained(eager_model(case.family, pretrained), exported_folder)
