@@ -278,6 +278,21 @@ def test_an_adapter_loaded_onto_its_base_in_the_hook_is_read_into_the_built_mode
     assert any(parameter.requires_grad for name, parameter in model.named_parameters() if "lora_B" in name)
 
 
+def test_a_second_adapter_loaded_in_the_hook_is_read_too(saved: Path, tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), peft.LoraConfig(r=2))
+        model.load_adapter(adapter, adapter_name="trained")
+    materialised(model)
+    eager = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(saved), adapter)
+    built, expected = model.state_dict(), eager.state_dict()
+    trained = [name for name in expected if "lora_B" in name]
+    assert trained and all(
+        torch.equal(built[name.replace(".default.", ".trained.")], expected[name]) for name in trained
+    )
+
+
 def test_an_adapter_is_read_once_the_model_is_built_not_in_the_hook(saved: Path, tmp_path: Path) -> None:
     """Tensors made inside a strategy's init context are its placeholders (ZeRO-3 makes them in its dtype on the
     GPU), so PEFT reads only the file's header there: the values arrive when the strategy loads them."""

@@ -389,7 +389,6 @@ def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Cal
                 "them; drop low_cpu_mem_usage."
             )
         ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
-        own = dict(self.state_dict(keep_vars=True))
         where: dict[int, tuple[str, Path]] = {}  # id of each header tensor -> its key and file
         loaded: dict[str, Any] = {}
 
@@ -407,6 +406,7 @@ def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Cal
 
         def keep(state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
             loaded.update(state_dict)
+            own = self.state_dict(keep_vars=True)  # with the adapter load_adapter added, if it added one
             return _IncompatibleKeys([name for name in own if name not in state_dict],
                                      [name for name in state_dict if name not in own])  # fmt: skip
 
@@ -418,8 +418,7 @@ def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Cal
         finally:
             del self.load_state_dict
             save_and_load.safe_load_file, save_and_load.torch_load = readers
-        found = {name: value for name, value in loaded.items() if name in own}
-        _defer_adapter(self, source, found, where, ignore_mismatched)
+        _defer_adapter(self, source, loaded, where, ignore_mismatched)
         return result
 
     return load_adapter
@@ -442,8 +441,10 @@ def _header_tensors(path: Path) -> dict[str, Any]:
 def _defer_adapter(
     model: Any, source: str, loaded: dict[str, Any], where: dict[int, tuple[str, Path]], ignore_mismatched: bool
 ) -> None:
-    """Record where each adapter weight PEFT named is, refusing any that do not fit the model PEFT adapted."""
+    """Record where each adapter weight PEFT named is, refusing any that do not fit the model PEFT adapted (names
+    the model lacks PEFT reports as unexpected)."""
     own = dict(model.state_dict(keep_vars=True))
+    loaded = {name: value for name, value in loaded.items() if name in own}
     made = sorted(name for name, value in loaded.items() if id(value) not in where)
     if made:
         raise CheckpointError(
