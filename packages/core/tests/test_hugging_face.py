@@ -293,6 +293,37 @@ def test_a_second_adapter_loaded_in_the_hook_is_read_too(saved: Path, tmp_path: 
     )
 
 
+def test_an_adapter_outlives_the_peft_model_around_it(saved: Path, tmp_path: Path) -> None:
+    """get_base_model() in configure_model keeps the adapted model; merging before the weights are read is refused."""
+    peft = pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        model = peft.PeftModel.from_pretrained(base, adapter).get_base_model()
+    materialised(model)
+    eager = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(saved), adapter)
+    batch = conformance.data("llama", 4, seed=1).tensors[0]
+    torch.testing.assert_close(model(input_ids=batch).logits, eager(input_ids=batch).logits)
+
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        merged = peft.PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    with pytest.raises(
+        CheckpointError, match=r"adapter found no parameter.*merged or deleted.*Merge it after training"
+    ):
+        materialised(merged)
+
+
+def test_transformers_own_adapter_loading_is_refused_with_what_works(saved: Path, tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        with pytest.raises(TypeError, match=r"LlamaForCausalLM.load_adapter.*would be lost.*PeftModel.from_pretrained"):
+            base.load_adapter(adapter)
+    assert transformers.PreTrainedModel.load_adapter.__module__ == "transformers.integrations.peft"  # put back
+
+
 def test_an_adapter_is_read_once_the_model_is_built_not_in_the_hook(saved: Path, tmp_path: Path) -> None:
     """Tensors made inside a strategy's init context are its placeholders (ZeRO-3 makes them in its dtype on the
     GPU), so PEFT reads only the file's header there: the values arrive when the strategy loads them."""

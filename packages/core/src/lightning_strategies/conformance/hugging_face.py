@@ -39,6 +39,7 @@ __all__ = [
     "MODES",
     "Case",
     "HuggingFaceModule",
+    "adapter_folder",
     "check_fabric_results",
     "check_results",
     "data",
@@ -147,17 +148,22 @@ def write_pretrained(folder: Path, family: str, seed: int = 7, steps: int = 16) 
 
 
 def write_adapter(folder: Path, family: str, seed: int = 11, steps: int = 8) -> Path:
-    """A LoRA adapter on ``write_pretrained``'s checkpoint of ``family``, ``steps`` steps into the family's task,
-    saved with ``save_pretrained`` into ``folder/<family>-adapter``: what a user goes on training."""
+    """A LoRA adapter on ``write_pretrained``'s checkpoint of a causal ``family``, with a trained copy of the output
+    layer beside it (``modules_to_save``), ``steps`` steps into the family's task, saved with ``save_pretrained``
+    beside the checkpoint (``adapter_folder``): what a user goes on training."""
     import peft
     import transformers
 
-    target = folder / f"{family}-adapter"
+    if family not in CAUSAL:
+        raise ValueError(f"write_adapter trains on a causal family's task ({', '.join(CAUSAL)}), not {family!r}")
+    target = adapter_folder(folder, family)
     if (target / "adapter_config.json").is_file():
         return target
     torch.manual_seed(seed)
     base = transformers.AutoModelForCausalLM.from_pretrained(write_pretrained(folder, family))
-    model = peft.get_peft_model(base, _lora_settings(family))
+    settings = peft.LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, target_modules="all-linear",
+                               modules_to_save=["lm_head"])  # fmt: skip
+    model = peft.get_peft_model(base, settings)
     optimizer = torch.optim.AdamW([parameter for parameter in model.parameters() if parameter.requires_grad], lr=1e-2)
     batches = data(family, 8 * steps, seed=seed + 1).tensors[0]
     for step in range(steps):
@@ -165,15 +171,13 @@ def write_adapter(folder: Path, family: str, seed: int = 11, steps: int = 8) -> 
         model(input_ids=batch, labels=batch).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    model.save_pretrained(target)
+    model.save_pretrained(str(target))
     return target
 
 
-def _lora_settings(family: str) -> Any:
-    import peft
-
-    task = "SEQ_CLS" if family == "bert" else "CAUSAL_LM"  # a classifier's new head trains beside the adapter
-    return peft.LoraConfig(task_type=task, r=8, lora_alpha=16, target_modules="all-linear")
+def adapter_folder(pretrained: Path, family: str) -> Path:
+    """Where ``write_adapter`` saves the adapter of ``family``, beside ``write_pretrained``'s checkpoints."""
+    return pretrained / f"{family}-adapter"
 
 
 def data(family: str, count: int, seed: int) -> TensorDataset:
@@ -230,11 +234,13 @@ class TransformersModule(LightningModule):
         if mode == "lora":
             import peft
 
-            model = peft.get_peft_model(model, _lora_settings(family))
+            task = "SEQ_CLS" if family == "bert" else "CAUSAL_LM"  # a classifier's new head trains beside the adapter
+            settings = peft.LoraConfig(task_type=task, r=8, lora_alpha=16, target_modules="all-linear")
+            model = peft.get_peft_model(model, settings)
         elif mode == "adapter":
             import peft
 
-            adapter = Path(str(self.pretrained)).with_name(f"{family}-adapter")  # beside the base (write_adapter)
+            adapter = adapter_folder(Path(str(self.pretrained)).parent, family)
             model = peft.PeftModel.from_pretrained(model, adapter, is_trainable=True)
         self.model = model
 
@@ -575,11 +581,12 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
         subnormal = 2**-24 if rtol else 0.0
         if case.mode == "adapter":  # as set up, the adapter is the one loaded
             initial_adapter = _adapter_weights(folder / case.name / "initial-exported")
-            problems += [
-                f"{name} differs from the loaded adapter's by {(initial_adapter[name] - value).abs().max():.2e}"
-                for name, value in _adapter_weights(_adapter_folder(case, folder)).items()
-                if not torch.allclose(initial_adapter[name], value, rtol=rtol, atol=subnormal)
-            ]
+            for name, value in _adapter_weights(adapter_folder(folder / "pretrained", case.family)).items():
+                if name not in initial_adapter:
+                    problems.append(f"{name} of the loaded adapter is missing from the set-up model's export")
+                elif not torch.allclose(initial_adapter[name], value, rtol=rtol, atol=subnormal):
+                    difference = (initial_adapter[name] - value).abs().max()
+                    problems.append(f"{name} differs from the loaded adapter's by {difference:.2e}")
         elif case.mode != "lora":
             initial = eager_model(case.family, folder / case.name / "initial-exported").state_dict()
             reference = eager_model(case.family, pretrained).state_dict()
@@ -657,11 +664,7 @@ def _eager_as_set_up(case: Case, folder: Path) -> Any:
         return model
     import peft
 
-    return peft.PeftModel.from_pretrained(model, _adapter_folder(case, folder)).eval()
-
-
-def _adapter_folder(case: Case, folder: Path) -> Path:
-    return folder / "pretrained" / f"{case.family}-adapter"
+    return peft.PeftModel.from_pretrained(model, adapter_folder(folder / "pretrained", case.family)).eval()
 
 
 def _adapter_weights(adapter_folder: Path) -> dict[str, torch.Tensor]:

@@ -102,7 +102,9 @@ def _refuse_weight_dependent_starts(layer: nn.Module, adapters: list[str], setti
                 f"PEFT's {what} computes the adapter's starting values from the base model's weights as it is built; "
                 "a sharding strategy builds the model in configure_model without them (they are read into the "
                 "shards later), so the adapter would start from placeholders. Use LoRA with init_lora_weights=True "
-                "or 'gaussian' under fsdp and deepspeed_stage_3, or train with strategy='ddp'."
+                "or 'gaussian' under fsdp and deepspeed_stage_3, or train with strategy='ddp'. A trained adapter of "
+                "this kind, loaded from its folder, is built the same way: merge it into its base model with "
+                "strategy='ddp' (merge_and_unload, then save_pretrained) and fine-tune that."
             )
 
 

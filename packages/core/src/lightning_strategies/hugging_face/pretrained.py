@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+# safetensors' dtype names, as torch names them.
+SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "BOOL": "bool",
+}  # fmt: skip
 # from_pretrained arguments that say where the files are, as opposed to how to build the model.
 HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 # from_pretrained arguments that place, transform or add to the weights as they load, which a model whose weights the
@@ -40,7 +46,8 @@ HUB_ARGUMENTS = ("cache_dir", "force_download", "local_files_only", "token", "re
 REFUSED_ARGUMENTS = {
     "adapter_kwargs": "that folder holds a PEFT adapter: load its base model here and the adapter onto it, "
     "peft.PeftModel.from_pretrained(base_model, adapter_folder, is_trainable=True), which the strategy reads into "
-    "its shards. To go on from a run's checkpoint, Trainer.fit(ckpt_path=...) also carries the optimizer states",
+    "its shards (where it trains PEFT models). To go on from a run's checkpoint, Trainer.fit(ckpt_path=...) also "
+    "carries the optimizer states",
     "key_mapping": "save the model once with its keys renamed (from_pretrained then save_pretrained) and load that",
     "output_loading_info": "the strategy reports weights the checkpoint lacks as it reads them; drop the argument",
     "device_map": "the strategy places every shard; drop device_map",
@@ -124,18 +131,26 @@ def pretrained_tensors(root: nn.Module) -> Iterator[tuple[Any, PretrainedWeights
         try:
             for own_name, tensor in model.state_dict(keep_vars=True).items():
                 # An adapter's weights go by their own names; a base model's by those before PEFT wrapped its layers.
-                original = own_name if own_name in weights.names else PEFT_WRAPPERS.sub(".", own_name)
+                original = own_name if weights.adapter else PEFT_WRAPPERS.sub(".", own_name)
                 if original in weights.names:
                     found.add(original)
                     yield tensor, weights, original
         finally:
             weights.close()
         unread = sorted(set(weights.names) - found)
+        shown = f"{', '.join(unread[:3])}{', ...' if len(unread) > 3 else ''}"
+        if unread and weights.adapter:
+            raise CheckpointError(
+                f"PeftModel.from_pretrained(..., {weights.source!r}): {len(unread)} weight(s) of the adapter found no "
+                f"parameter of the model ({shown}): the adapter was merged or deleted after it was loaded in "
+                "configure_model, before its weights were read. Merge it after training (lightning-strategies "
+                "export, then merge_and_unload), or load a model saved merged."
+            )
         if unread:
             raise CheckpointError(
                 f"from_pretrained({weights.source!r}): {len(unread)} weight(s) of the checkpoint found no parameter "
-                f"of the model ({', '.join(unread[:3])}{', ...' if len(unread) > 3 else ''}): something renamed them "
-                "after from_pretrained. Build the model with from_pretrained and wrap it afterwards only with PEFT."
+                f"of the model ({shown}): something renamed them after from_pretrained. Build the model with "
+                "from_pretrained and wrap it afterwards only with PEFT."
             )
 
 
@@ -306,6 +321,16 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
     auto_classes = _auto_model_classes()
     peft_model = _peft_model_class() if adapters else None
     original_load_adapter = peft_model.__dict__["load_adapter"] if peft_model is not None else None
+    adapter_mixin = modeling_utils.PeftAdapterMixin
+    original_mixin_load_adapter = adapter_mixin.__dict__["load_adapter"]
+
+    def refusing_transformers_adapters(self: Any, source: Any = None, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{type(self).__name__}.load_adapter({source!r}) inside configure_model under strategy={strategy!r}: "
+            "transformers loads the adapter into the model as built here, placeholders the strategy fills later, "
+            "so it would be lost. Load it with peft.PeftModel.from_pretrained(model, adapter_folder, "
+            "is_trainable=True), which the strategy reads into its shards."
+        )
 
     def from_pretrained(cls: type, source: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
         return _build_deferred(cls, os.fspath(source), args, kwargs, strategy)
@@ -331,6 +356,7 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
         setattr(pretrained_model, "init_weights", tie_weights_only)  # noqa: B010
     if original_load_adapter is not None:
         setattr(peft_model, "load_adapter", _deferring_adapter_loads(original_load_adapter, strategy))  # noqa: B010
+        setattr(adapter_mixin, "load_adapter", refusing_transformers_adapters)  # noqa: B010
     try:
         yield
     finally:
@@ -338,8 +364,9 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
             setattr(pretrained_model, name, original)
         for auto_class, original in auto_classes.items():
             setattr(auto_class, "from_pretrained", original)  # noqa: B010
-        if peft_model is not None:
+        if original_load_adapter is not None:
             setattr(peft_model, "load_adapter", original_load_adapter)  # noqa: B010
+            setattr(adapter_mixin, "load_adapter", original_mixin_load_adapter)  # noqa: B010
 
 
 def _auto_model_classes() -> dict[type, Any]:
@@ -389,12 +416,13 @@ def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Cal
                 "them; drop low_cpu_mem_usage."
             )
         ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
-        where: dict[int, tuple[str, Path]] = {}  # id of each header tensor -> its key and file
+        # id of each header tensor -> its key, file and the tensor (kept alive, so that no id is reused)
+        where: dict[int, tuple[str, Path, Any]] = {}
         loaded: dict[str, Any] = {}
 
         def read_header(filename: str, device: Any = None) -> dict[str, Any]:
-            tensors = _header_tensors(Path(filename))
-            where.update((id(tensor), (key, Path(filename))) for key, tensor in tensors.items())
+            tensors = _header_tensors(source, Path(filename))
+            where.update((id(tensor), (key, Path(filename), tensor)) for key, tensor in tensors.items())
             return tensors
 
         def refuse_pickle(filename: str, *_: Any, **__: Any) -> Any:
@@ -416,33 +444,51 @@ def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Cal
         try:
             result = original(self, model_id, *args, **kwargs)
         finally:
-            del self.load_state_dict
             save_and_load.safe_load_file, save_and_load.torch_load = readers
+            self.__dict__.pop("load_state_dict", None)
+        _refuse_prompt_learning(self, source)
         _defer_adapter(self, source, loaded, where, ignore_mismatched)
         return result
 
     return load_adapter
 
 
-def _header_tensors(path: Path) -> dict[str, Any]:
+def _refuse_prompt_learning(model: Any, source: str) -> None:
+    """Prompt-learning adapters (prefix tuning, prompt tuning) load their embeddings themselves, past PEFT's
+    ``load_state_dict``, so the strategy could not read them into its shards."""
+    if any(config.is_prompt_learning for config in model.peft_config.values()):
+        raise TypeError(
+            f"PeftModel.from_pretrained(..., {source!r}) inside configure_model: a prompt-learning adapter "
+            "(prefix or prompt tuning) loads its embeddings itself, which the strategy cannot read into its shards. "
+            "Train it with strategy='ddp', or use a LoRA adapter."
+        )
+
+
+def _header_tensors(source: str, path: Path) -> dict[str, Any]:
     """Each tensor of a safetensors file as an empty tensor of its shape and dtype on the meta device."""
     import torch
     from safetensors import safe_open
 
-    dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-    with safe_open(str(path), framework="pt") as handle:
-        slices = {key: handle.get_slice(key) for key in handle.keys()}  # noqa: SIM118
-        return {
-            key: torch.empty(piece.get_shape(), dtype=dtypes.get(piece.get_dtype(), torch.float32), device="meta")
-            for key, piece in slices.items()
-        }
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            slices = {key: handle.get_slice(key) for key in handle.keys()}  # noqa: SIM118
+            return {
+                key: torch.empty(piece.get_shape(), dtype=_torch_dtype(piece.get_dtype()), device="meta")
+                for key, piece in slices.items()
+            }
+    except Exception as error:  # safetensors raises its own SafetensorError for a bad header or a short file
+        raise CheckpointError(
+            f"PeftModel.from_pretrained(..., {source!r}): {path} cannot be read ({error}); it is damaged or was not "
+            "written to the end. Save the adapter again with save_pretrained."
+        ) from error
 
 
 def _defer_adapter(
-    model: Any, source: str, loaded: dict[str, Any], where: dict[int, tuple[str, Path]], ignore_mismatched: bool
+    model: Any, source: str, loaded: dict[str, Any], where: dict[int, tuple[str, Path, Any]], ignore_mismatched: bool
 ) -> None:
     """Record where each adapter weight PEFT named is, refusing any that do not fit the model PEFT adapted (names
-    the model lacks PEFT reports as unexpected)."""
+    the model lacks PEFT reports as unexpected). The record is the adapted transformers model's, so that it
+    outlives the PeftModel around it (``get_base_model()``)."""
     own = dict(model.state_dict(keep_vars=True))
     loaded = {name: value for name, value in loaded.items() if name in own}
     made = sorted(name for name, value in loaded.items() if id(value) not in where)
@@ -468,9 +514,13 @@ def _defer_adapter(
     if mismatched:
         log.warning("Some weights of the adapter at %s do not fit the model and are newly initialised: %s",
                     source, list(mismatched.values()))  # fmt: skip
-    names = {name: where[id(value)][0] for name, value in loaded.items() if name not in mismatched}
-    files = {where[id(loaded[name])][0]: where[id(loaded[name])][1] for name in names}
-    _pending.setdefault(model, []).append(PretrainedWeights(source, files, names, adapter=True))
+    found = {name: where[id(value)] for name, value in loaded.items() if name not in mismatched}
+    adapted, prefix = model.get_base_model(), "base_model.model."
+    if not all(name.startswith(prefix) for name in found):
+        adapted, prefix = model, ""
+    names = {name.removeprefix(prefix): key for name, (key, _, _) in found.items()}
+    files = {key: path for key, path, _ in found.values()}
+    _pending.setdefault(adapted, []).append(PretrainedWeights(source, files, names, adapter=True))
 
 
 def _transformers_5() -> Any:
@@ -556,15 +606,21 @@ def _refuse_missing_folder(source: str) -> None:
 
 
 def _first_floating_dtype(files: dict[str, Path]) -> Any:
-    import torch
     from safetensors import safe_open
 
     for key, path in files.items():
         with safe_open(str(path), framework="pt") as handle:
             dtype = handle.get_slice(key).get_dtype()
         if dtype in ("F32", "F16", "BF16", "F64"):
-            return {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}[dtype]
+            return _torch_dtype(dtype)
     return None
+
+
+def _torch_dtype(name: str) -> Any:
+    """The torch dtype of a safetensors dtype name."""
+    import torch
+
+    return getattr(torch, SAFETENSORS_DTYPES[name])
 
 
 def _load_generation_config(model: Any, source: str, hub: dict[str, Any]) -> None:
