@@ -278,6 +278,15 @@ def test_an_adapter_loaded_onto_its_base_in_the_hook_is_read_into_the_built_mode
     assert any(parameter.requires_grad for name, parameter in model.named_parameters() if "lora_B" in name)
 
 
+def test_an_adapter_loaded_frozen_is_told_of(saved: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """PEFT loads an adapter for inference unless told is_trainable=True; training it then fails far from here."""
+    peft = pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(saved), adapter)
+    assert "loads the adapter frozen (PEFT's default, for inference): pass is_trainable=True" in caplog.text
+
+
 def test_a_second_adapter_loaded_in_the_hook_is_read_too(saved: Path, tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     adapter = a_trained_adapter(saved, tmp_path / "adapter")

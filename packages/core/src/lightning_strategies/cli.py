@@ -274,7 +274,8 @@ def command_export(arguments: argparse.Namespace) -> int:
         print(f"error: export needs {error.name}: pip install {error.name}", file=sys.stderr)
         return 2
     if os.path.isfile(os.path.join(written, "adapter_config.json")):
-        print(f"wrote {written}, a PEFT adapter: load it with PeftModel.from_pretrained(base_model, {str(written)!r})")
+        print(f"wrote {written}, a PEFT adapter: load it with PeftModel.from_pretrained(base_model, {str(written)!r}), "
+              "with is_trainable=True to train it on")  # fmt: skip
     else:
         print(f"wrote {written}: load it with from_pretrained({str(written)!r})")
     return 0

@@ -326,7 +326,7 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
 
     def refusing_transformers_adapters(self: Any, source: Any = None, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
-            f"{type(self).__name__}.load_adapter({source!r}) inside configure_model under strategy={strategy!r}: "
+            f"{type(self).__name__}.load_adapter({source!r}) inside configure_model under {strategy}: "
             "transformers loads the adapter into the model as built here, placeholders the strategy fills later, "
             "so it would be lost. Load it with peft.PeftModel.from_pretrained(model, adapter_folder, "
             "is_trainable=True), which the strategy reads into its shards."
@@ -412,9 +412,14 @@ def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Cal
         if kwargs.get("low_cpu_mem_usage"):
             raise TypeError(
                 f"PeftModel.from_pretrained(..., {source!r}, low_cpu_mem_usage=True) inside configure_model under "
-                f"strategy={strategy!r}: the strategy builds the adapter in its shards and reads its weights into "
+                f"{strategy}: the strategy builds the adapter in its shards and reads its weights into "
                 "them; drop low_cpu_mem_usage."
             )
+        if not kwargs.get("is_trainable", args[1] if len(args) > 1 else False):
+            log.warning(
+                "PeftModel.from_pretrained(..., %r) in configure_model loads the adapter frozen (PEFT's default, for "
+                "inference): pass is_trainable=True to train it on.", source
+            )  # fmt: skip
         ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
         # id of each header tensor -> its key, file and the tensor (kept alive, so that no id is reused)
         where: dict[int, tuple[str, Path, Any]] = {}
@@ -570,7 +575,7 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
             what = repr(os.fspath(kwargs["adapter_kwargs"]["_adapter_model_path"]))
             reason = f"{reason} (its base model: {source!r})"
         raise TypeError(f"{cls.__name__}.from_pretrained({what}) inside configure_model under "
-                        f"strategy={strategy!r}: {reason}.")  # fmt: skip
+                        f"{strategy}: {reason}.")  # fmt: skip
     hub = {name: kwargs.pop(name) for name in HUB_ARGUMENTS if name in kwargs}
     _refuse_missing_folder(source)
     ignore_mismatched = bool(kwargs.pop("ignore_mismatched_sizes", False))
