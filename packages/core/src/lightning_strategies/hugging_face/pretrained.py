@@ -477,15 +477,13 @@ def _header_tensors(source: str, path: Path) -> dict[str, Any]:
     try:
         with safe_open(str(path), framework="pt") as handle:
             slices = {key: handle.get_slice(key) for key in handle.keys()}  # noqa: SIM118
-            return {
-                key: torch.empty(piece.get_shape(), dtype=_torch_dtype(piece.get_dtype()), device="meta")
-                for key, piece in slices.items()
-            }
+            header = {key: (piece.get_shape(), piece.get_dtype()) for key, piece in slices.items()}
     except Exception as error:  # safetensors raises its own SafetensorError for a bad header or a short file
         raise CheckpointError(
             f"PeftModel.from_pretrained(..., {source!r}): {path} cannot be read ({error}); it is damaged or was not "
             "written to the end. Save the adapter again with save_pretrained."
         ) from error
+    return {key: torch.empty(shape, dtype=_torch_dtype(dtype), device="meta") for key, (shape, dtype) in header.items()}
 
 
 def _defer_adapter(
