@@ -352,6 +352,16 @@ def test_an_adapter_is_read_once_the_model_is_built_not_in_the_hook(saved: Path,
     assert lora_b.any() and torch.equal(lora_b, saved_b)
 
 
+def test_a_missing_adapter_folder_is_refused_as_such(saved: Path, tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    original = peft.PeftModel.__dict__["from_pretrained"]
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+        with pytest.raises(CheckpointError, match=r"no-such-adapter'\): there is no such folder.*adapter_config.json"):
+            peft.PeftModel.from_pretrained(base, tmp_path / "no-such-adapter")
+    assert peft.PeftModel.__dict__["from_pretrained"] is original
+
+
 def test_a_pickled_adapter_is_refused_with_how_to_convert_it(saved: Path, tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     adapter = a_trained_adapter(saved, tmp_path / "adapter", safe_serialization=False)

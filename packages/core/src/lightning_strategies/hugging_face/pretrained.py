@@ -320,7 +320,9 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
     originals = {name: pretrained_model.__dict__[name] for name in ("from_pretrained", "init_weights")}
     auto_classes = _auto_model_classes()
     peft_model = _peft_model_class() if adapters else None
-    original_load_adapter = peft_model.__dict__["load_adapter"] if peft_model is not None else None
+    peft_originals: dict[str, Any] = (
+        {name: peft_model.__dict__[name] for name in ("load_adapter", "from_pretrained")} if peft_model else {}
+    )
     adapter_mixin = modeling_utils.PeftAdapterMixin
     original_mixin_load_adapter = adapter_mixin.__dict__["load_adapter"]
 
@@ -345,6 +347,15 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
 
         return classmethod(auto_from_pretrained)
 
+    def refusing_missing_adapter_folders(original: classmethod) -> classmethod:
+        # PEFT tries a missing folder as a hub id before it says the folder has no adapter_config.json.
+        def peft_from_pretrained(cls: type, model: Any, model_id: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(model_id, (str, os.PathLike)):
+                _refuse_missing_folder(os.fspath(model_id), adapter=True)
+            return original.__func__(cls, model, model_id, *args, **kwargs)
+
+        return classmethod(peft_from_pretrained)
+
     def tie_weights_only(self: Any) -> None:
         _initialization_deferred.add(self)
         self.tie_weights(recompute_mapping=False)
@@ -354,8 +365,9 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
         setattr(auto_class, "from_pretrained", refusing_missing_folders(original))  # noqa: B010
     if initialize_later:
         setattr(pretrained_model, "init_weights", tie_weights_only)  # noqa: B010
-    if original_load_adapter is not None:
-        setattr(peft_model, "load_adapter", _deferring_adapter_loads(original_load_adapter, strategy))  # noqa: B010
+    if peft_originals:
+        setattr(peft_model, "load_adapter", _deferring_adapter_loads(peft_originals["load_adapter"], strategy))  # noqa: B010
+        setattr(peft_model, "from_pretrained", refusing_missing_adapter_folders(peft_originals["from_pretrained"]))  # noqa: B010
         setattr(adapter_mixin, "load_adapter", refusing_transformers_adapters)  # noqa: B010
     try:
         yield
@@ -364,8 +376,9 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
             setattr(pretrained_model, name, original)
         for auto_class, original in auto_classes.items():
             setattr(auto_class, "from_pretrained", original)  # noqa: B010
-        if original_load_adapter is not None:
-            setattr(peft_model, "load_adapter", original_load_adapter)  # noqa: B010
+        for name, original in peft_originals.items():
+            setattr(peft_model, name, original)
+        if peft_originals:
             setattr(adapter_mixin, "load_adapter", original_mixin_load_adapter)  # noqa: B010
 
 
@@ -597,14 +610,18 @@ def _build_deferred(cls: Any, source: str, args: tuple[Any, ...], kwargs: dict[s
     return model
 
 
-def _refuse_missing_folder(source: str) -> None:
+def _refuse_missing_folder(source: str, adapter: bool = False) -> None:
     """A path that names no folder, told as such (a hub id is ``name`` or ``owner/name``; transformers would try it
     as one and answer about repository names)."""
     looks_local = os.path.isabs(source) or source.startswith((".", "~")) or source.count("/") > 1
     if looks_local and not Path(source).expanduser().exists():
+        call = f"PeftModel.from_pretrained(..., {source!r})" if adapter else f"from_pretrained({source!r})"
+        holds = (
+            "adapter_config.json and adapter_model.safetensors" if adapter else "config.json and the safetensors files"
+        )
         raise CheckpointError(
-            f"from_pretrained({source!r}): there is no such folder. Pass the folder save_pretrained wrote (it holds "
-            "config.json and the safetensors files), or a model id of the hub."
+            f"{call}: there is no such folder. Pass the folder save_pretrained wrote (it holds {holds}), or a model "
+            "id of the hub."
         )
 
 
