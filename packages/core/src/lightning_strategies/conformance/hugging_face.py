@@ -131,14 +131,7 @@ def write_pretrained(folder: Path, family: str, seed: int = 7, steps: int = 16) 
         model = transformers.BertForSequenceClassification(tiny_config("bert"))
     else:
         model = transformers.AutoModelForCausalLM.from_config(tiny_config(family))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = data(family, 8 * steps, seed=seed + 1).tensors
-    for step in range(steps):
-        batch = [tensor[8 * step : 8 * step + 8] for tensor in batches]
-        labels = batch[1] if family == "bert" else batch[0]
-        model(input_ids=batch[0], labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    _train_briefly(model, family, seed, steps, learning_rate=1e-3)
     if family == "bert":
         classifier = model
         model = transformers.BertForPreTraining(tiny_config("bert"))
@@ -164,15 +157,23 @@ def write_adapter(folder: Path, family: str, seed: int = 11, steps: int = 8) -> 
     settings = peft.LoraConfig(task_type="CAUSAL_LM", r=8, lora_alpha=16, target_modules="all-linear",
                                modules_to_save=["lm_head"])  # fmt: skip
     model = peft.get_peft_model(base, settings)
-    optimizer = torch.optim.AdamW([parameter for parameter in model.parameters() if parameter.requires_grad], lr=1e-2)
-    batches = data(family, 8 * steps, seed=seed + 1).tensors[0]
-    for step in range(steps):
-        batch = batches[8 * step : 8 * step + 8]
-        model(input_ids=batch, labels=batch).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    _train_briefly(model, family, seed, steps, learning_rate=1e-2)
     model.save_pretrained(str(target))
     return target
+
+
+def _train_briefly(model: Any, family: str, seed: int, steps: int, learning_rate: float) -> None:
+    """``steps`` steps of AdamW on the family's task (``data`` drawn from ``seed + 1``), eight sequences a step, on
+    the parameters that train."""
+    optimizer = torch.optim.AdamW([parameter for parameter in model.parameters() if parameter.requires_grad],
+                                  lr=learning_rate)  # fmt: skip
+    batches = data(family, 8 * steps, seed=seed + 1).tensors
+    for step in range(steps):
+        batch = [tensor[8 * step : 8 * step + 8] for tensor in batches]
+        labels = batch[1] if family == "bert" else batch[0]
+        model(input_ids=batch[0], labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
 
 
 def adapter_folder(pretrained: Path, family: str) -> Path:
