@@ -81,11 +81,12 @@ class _RetiredModules:
         raise ModuleNotFoundError(retired_module_message(fullname), name=fullname)
 
 
-class _ActivatingLoader:
-    """Runs the real loader, then activation for the module it just executed."""
+class _CallingLoader:
+    """Runs the real loader, then ``after`` on the module it just executed."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, after):
         self._loader = loader
+        self._after = after
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
@@ -95,19 +96,20 @@ class _ActivatingLoader:
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        try:
-            from lightning_strategies.activation import on_lightning_import
-        except Exception as error:  # never break Lightning's own import
-            sys.stderr.write(f"lightning-strategies: activation unavailable: {error!r}\n")
-            return
-        on_lightning_import(module.__name__, module)
+        self._after(module)
 
 
-class _Watcher:
-    """A meta-path finder that answers only for WATCHED_MODULES, wrapping the real spec's loader."""
+class ImportWatcher:
+    """A meta-path finder that answers only for the modules named, wrapping the real spec's loader so that
+    ``after(module)`` runs once each has executed. Core watches with it too: ``lightning_strategies.hugging_face``
+    patches peft when a hook imports it."""
+
+    def __init__(self, names, after):
+        self._names = names
+        self._after = after
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in WATCHED_MODULES:
+        if fullname not in self._names:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -115,12 +117,21 @@ class _Watcher:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ActivatingLoader(spec.loader)
+                    spec.loader = _CallingLoader(spec.loader, self._after)
                 return spec
         return None
 
 
-_watcher = _Watcher()
+def _activate(module):
+    try:
+        from lightning_strategies.activation import on_lightning_import
+    except Exception as error:  # never break Lightning's own import
+        sys.stderr.write(f"lightning-strategies: activation unavailable: {error!r}\n")
+        return
+    on_lightning_import(module.__name__, module)
+
+
+_watcher = ImportWatcher(WATCHED_MODULES, _activate)
 _retired = _RetiredModules()
 
 

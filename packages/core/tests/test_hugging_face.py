@@ -7,6 +7,8 @@ processes (packages/fsdp, packages/deepspeed) and build them lazily (packages/co
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,6 +231,21 @@ def test_adapters_that_start_from_the_base_weights_are_refused(saved: Path) -> N
         materialised(model)
 
 
+def test_xlora_is_refused_as_it_is_built(saved: Path, tmp_path: Path) -> None:
+    """XLoRA reads its adapters' files itself while it is built, where they would be lost."""
+    peft = pytest.importorskip("peft")
+    from lightning_strategies import CapabilityError
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "lora")
+    settings = peft.XLoraConfig(task_type="CAUSAL_LM", hidden_size=64, adapters={"0": str(tmp_path / "lora")})
+    refused = pytest.raises(CapabilityError, match=r"XLoRA inside configure_model under test.*strategy='ddp'")
+    with refused, hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(saved, use_cache=False)
+        peft.get_peft_model(model, settings)
+    assert peft.XLoraModel.__init__.__module__ == "peft.tuners.xlora.model"  # put back
+
+
 def test_an_adapter_folder_is_refused_with_how_to_load_it(saved: Path, tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     adapted = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(saved), peft.LoraConfig(r=4))
@@ -276,6 +293,39 @@ def test_an_adapter_loaded_onto_its_base_in_the_hook_is_read_into_the_built_mode
     batch = conformance.data("llama", 4, seed=1).tensors[0]
     torch.testing.assert_close(model(input_ids=batch).logits, eager(input_ids=batch).logits)
     assert any(parameter.requires_grad for name, parameter in model.named_parameters() if "lora_B" in name)
+
+
+def test_what_the_hook_imports_is_patched_then_and_nothing_is_imported_otherwise(saved: Path, tmp_path: Path) -> None:
+    """Importing transformers' models or peft costs seconds, whatever the model: the context leaves them alone until
+    a hook imports them, and patches them then."""
+    pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    script = f"""
+import sys, torch, transformers
+from lightning_strategies import hugging_face as hf
+from lightning_strategies.hugging_face.pretrained import pending_weights
+with hf.deferred_pretrained_loading("test"):
+    pass
+assert "peft" not in sys.modules and "transformers.modeling_utils" not in sys.modules, "imported unasked"
+finders = list(sys.meta_path)
+with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+    base = transformers.AutoModelForCausalLM.from_pretrained({str(saved)!r})
+    from peft import PeftModel
+    PeftModel.from_pretrained(base, {str(adapter)!r}, is_trainable=True)
+assert [weights.adapter for _, _, weights in pending_weights(base)] == [False, True]
+assert PeftModel.__dict__["load_adapter"].__module__ == "peft.peft_model" and sys.meta_path == finders
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_path_may_be_passed_by_keyword(saved: Path, tmp_path: Path) -> None:
+    peft = pytest.importorskip("peft")
+    adapter = a_trained_adapter(saved, tmp_path / "adapter")
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        base = transformers.AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path=saved)
+        peft.PeftModel.from_pretrained(model=base, model_id=adapter, is_trainable=True)
+    assert [weights.adapter for _, _, weights in pending_weights(base)] == [False, True]
 
 
 def test_an_adapter_loaded_frozen_is_told_of(saved: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -11,18 +11,21 @@ each weight of the adapter's file after the model's parameters, and the strategy
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import importlib
 import json
 import logging
 import os
 import re
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning_strategies.errors import CheckpointError
+from _lightning_strategies_autoload import ImportWatcher
+
+from lightning_strategies.errors import CapabilityError, CheckpointError
 from lightning_strategies.hugging_face.models import hugging_face_models, transformers_installed
 
 if TYPE_CHECKING:
@@ -307,24 +310,22 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
     under ZeRO-3 each rank holds an empty placeholder then, which ``_init_weights`` cannot index.
 
     With ``adapters``, a PEFT adapter loaded inside (``PeftModel.from_pretrained``) is kept for the strategy too;
-    a strategy that refuses PEFT models passes False, and peft is not imported.
+    a strategy that refuses PEFT models passes False.
 
-    The patches on ``transformers`` last exactly as long as the context: nothing outlives the hook it wraps.
+    The patches on ``transformers`` and peft last exactly as long as the context: nothing outlives the hook it wraps.
     """
-    modeling_utils = _transformers_5()
-    if modeling_utils is None:
+    if not _transformers_5_installed():
         yield
         return
 
-    pretrained_model = modeling_utils.PreTrainedModel
-    originals = {name: pretrained_model.__dict__[name] for name in ("from_pretrained", "init_weights")}
-    auto_classes = _auto_model_classes()
-    peft_model = _peft_model_class() if adapters else None
-    peft_originals: dict[str, Any] = (
-        {name: peft_model.__dict__[name] for name in ("load_adapter", "from_pretrained")} if peft_model else {}
-    )
-    adapter_mixin = modeling_utils.PeftAdapterMixin
-    original_mixin_load_adapter = adapter_mixin.__dict__["load_adapter"]
+    def from_pretrained(
+        cls: type, pretrained_model_name_or_path: str | os.PathLike[str], *args: Any, **kwargs: Any
+    ) -> Any:
+        return _build_deferred(cls, os.fspath(pretrained_model_name_or_path), args, kwargs, strategy)
+
+    def tie_weights_only(self: Any) -> None:
+        _initialization_deferred.add(self)
+        self.tie_weights(recompute_mapping=False)
 
     def refusing_transformers_adapters(self: Any, source: Any = None, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
@@ -334,81 +335,100 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
             "is_trainable=True), which the strategy reads into its shards."
         )
 
-    def from_pretrained(cls: type, source: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
-        return _build_deferred(cls, os.fspath(source), args, kwargs, strategy)
+    def patch_models(modeling_utils: Any) -> None:
+        _replace(stack, modeling_utils.PreTrainedModel, "from_pretrained", lambda _: classmethod(from_pretrained))
+        if initialize_later:
+            _replace(stack, modeling_utils.PreTrainedModel, "init_weights", lambda _: tie_weights_only)
+        if adapters:
+            _replace(stack, modeling_utils.PeftAdapterMixin, "load_adapter", lambda _: refusing_transformers_adapters)
 
-    def refusing_missing_folders(original: classmethod) -> classmethod:
+    def patch_auto_classes(modeling_auto: Any) -> None:
         # The Auto classes look in the folder (for an adapter's config, then the model's) before the model class's
         # from_pretrained is reached, and transformers answers a missing one about hub repository names.
-        def auto_from_pretrained(cls: type, source: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(source, (str, os.PathLike)):
-                _refuse_missing_folder(os.fspath(source))
-            return original.__func__(cls, source, *args, **kwargs)
+        for auto_class in _auto_model_classes():
+            _replace(
+                stack,
+                auto_class,
+                "from_pretrained",
+                lambda original: _refusing_missing_folder(original, "pretrained_model_name_or_path", 0),
+            )
 
-        return classmethod(auto_from_pretrained)
+    def refusing_xlora(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise CapabilityError(
+            f"PEFT's XLoRA inside configure_model under {strategy}: it reads its adapters' weights as it is built, "
+            "into placeholders the strategy fills later from the base model's files alone, so the adapters would "
+            "start from nothing. Train XLoRA with strategy='ddp'."
+        )
 
-    def refusing_missing_adapter_folders(original: classmethod) -> classmethod:
+    def patch_peft(peft: Any) -> None:
+        _replace(stack, peft.PeftModel, "load_adapter", lambda original: _deferring_adapter_loads(original, strategy))
+        _replace(stack, peft.XLoraModel, "__init__", lambda _: refusing_xlora)
         # PEFT tries a missing folder as a hub id before it says the folder has no adapter_config.json.
-        def peft_from_pretrained(cls: type, model: Any, model_id: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(model_id, (str, os.PathLike)):
-                _refuse_missing_folder(os.fspath(model_id), adapter=True)
-            return original.__func__(cls, model, model_id, *args, **kwargs)
+        _replace(
+            stack,
+            peft.PeftModel,
+            "from_pretrained",
+            lambda original: _refusing_missing_folder(original, "model_id", 1, adapter=True),
+        )
 
-        return classmethod(peft_from_pretrained)
+    # Each module is patched where it is imported already, or as a hook imports it: importing them here would add
+    # seconds to every set-up (transformers' models about 2 s, peft about 3 s on two cores), whatever the model.
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_when_imported("transformers.modeling_utils", patch_models))
+        stack.enter_context(_when_imported("transformers.models.auto.modeling_auto", patch_auto_classes))
+        if adapters:
+            stack.enter_context(_when_imported("peft", patch_peft))
+        yield
 
-    def tie_weights_only(self: Any) -> None:
-        _initialization_deferred.add(self)
-        self.tie_weights(recompute_mapping=False)
 
-    setattr(pretrained_model, "from_pretrained", classmethod(from_pretrained))  # noqa: B010  (a method, for mypy)
-    for auto_class, original in auto_classes.items():
-        setattr(auto_class, "from_pretrained", refusing_missing_folders(original))  # noqa: B010
-    if initialize_later:
-        setattr(pretrained_model, "init_weights", tie_weights_only)  # noqa: B010
-    if peft_originals:
-        setattr(peft_model, "load_adapter", _deferring_adapter_loads(peft_originals["load_adapter"], strategy))  # noqa: B010
-        setattr(peft_model, "from_pretrained", refusing_missing_adapter_folders(peft_originals["from_pretrained"]))  # noqa: B010
-        setattr(adapter_mixin, "load_adapter", refusing_transformers_adapters)  # noqa: B010
+def _replace(stack: contextlib.ExitStack, owner: type, name: str, make: Callable[[Any], Any]) -> None:
+    """Sets ``owner.name`` to ``make(its own value)`` until ``stack`` closes."""
+    original = owner.__dict__[name]
+    setattr(owner, name, make(original))
+    stack.callback(setattr, owner, name, original)
+
+
+@contextlib.contextmanager
+def _when_imported(name: str, patch: Callable[[Any], None]) -> Iterator[None]:
+    """Runs ``patch(module)`` on the module ``name`` now where it is imported, else as soon as it is imported
+    inside (when its ``__init__`` has run); does nothing where it is never imported."""
+    module = sys.modules.get(name)
+    if module is not None:
+        patch(module)
+        yield
+        return
+    watcher = ImportWatcher({name}, patch)
+    sys.meta_path.insert(0, watcher)
     try:
         yield
     finally:
-        for name, original in originals.items():
-            setattr(pretrained_model, name, original)
-        for auto_class, original in auto_classes.items():
-            setattr(auto_class, "from_pretrained", original)  # noqa: B010
-        for name, original in peft_originals.items():
-            setattr(peft_model, name, original)
-        if peft_originals:
-            setattr(adapter_mixin, "load_adapter", original_mixin_load_adapter)  # noqa: B010
+        sys.meta_path.remove(watcher)
 
 
-def _auto_model_classes() -> dict[type, Any]:
-    """The Auto model classes (AutoModel, AutoModelForCausalLM, ...) with the from_pretrained each holds: transformers
-    gives each a copy of its base class's, so each is patched apart. Imported here, so that a configure_model that
-    imports them itself finds them patched."""
-    importlib.import_module("transformers.models.auto.modeling_auto")
-    base = importlib.import_module("transformers.models.auto.auto_factory")._BaseAutoModelClass
-    found: dict[type, Any] = {}
-    pending = [base]
+def _refusing_missing_folder(original: classmethod, argument: str, position: int, adapter: bool = False) -> classmethod:
+    """The classmethod ``original``, first refusing a folder that does not exist (its ``argument``, the
+    ``position``-th after the class) in our words, before transformers or PEFT try it as a hub id."""
+
+    def checked(cls: type, *args: Any, **kwargs: Any) -> Any:
+        source = args[position] if len(args) > position else kwargs.get(argument)
+        if isinstance(source, (str, os.PathLike)):
+            _refuse_missing_folder(os.fspath(source), adapter)
+        return original.__func__(cls, *args, **kwargs)
+
+    return classmethod(checked)
+
+
+def _auto_model_classes() -> list[type]:
+    """The Auto model classes (AutoModel, AutoModelForCausalLM, ...), once transformers' modeling_auto is imported:
+    transformers gives each a copy of its base class's from_pretrained, so each is patched apart."""
+    found: list[type] = []
+    pending = [sys.modules["transformers.models.auto.auto_factory"]._BaseAutoModelClass]
     while pending:
         auto_class = pending.pop()
         pending.extend(auto_class.__subclasses__())
         if "from_pretrained" in auto_class.__dict__:
-            found[auto_class] = auto_class.__dict__["from_pretrained"]
+            found.append(auto_class)
     return found
-
-
-def _peft_model_class() -> Any:
-    """``peft.PeftModel`` where peft is installed, else None. Imported here (a second or more), so that a
-    configure_model that imports peft itself finds it patched: unpatched, an adapter read into a model built in the
-    strategy's init context is lost (copied into the meta device) or refused (ZeRO-3's empty partitions)."""
-    if importlib.util.find_spec("peft") is None:
-        return None
-    try:
-        return importlib.import_module("peft").PeftModel
-    except ImportError as error:
-        log.warning("peft could not be imported (%s); PeftModel.load_adapter is left as is.", error)
-        return None
 
 
 def _deferring_adapter_loads(original: Callable[..., Any], strategy: str) -> Callable[..., Any]:
@@ -539,11 +559,11 @@ def _defer_adapter(
     _pending.setdefault(adapted, []).append(PretrainedWeights(source, files, names, adapter=True))
 
 
-def _transformers_5() -> Any:
-    """``transformers.modeling_utils`` where transformers 5 is installed and imports, else None (with a line saying
-    why): what is patched here is its API."""
+def _transformers_5_installed() -> bool:
+    """Whether transformers 5 is installed (told without importing it); where an older one is, a line says that
+    from_pretrained is left as it has it: what is patched here is the API of 5."""
     if not transformers_installed():
-        return None
+        return False
     import importlib.metadata
 
     version = importlib.metadata.version("transformers")
@@ -552,15 +572,8 @@ def _transformers_5() -> Any:
             "transformers %s is installed; from_pretrained inside configure_model is read into shards from "
             "transformers 5 on (pip install -U transformers), and is left as transformers has it here.", version
         )  # fmt: skip
-        return None
-    try:
-        from transformers import modeling_utils
-    except ImportError as error:
-        log.warning(
-            "transformers could not be imported (%s); from_pretrained inside configure_model is left as is.", error
-        )
-        return None
-    return modeling_utils
+        return False
+    return True
 
 
 def models_initialized_later(root: nn.Module) -> list[nn.Module]:
