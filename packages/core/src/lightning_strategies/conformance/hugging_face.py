@@ -559,7 +559,9 @@ def initialisation_problems(initial: dict[str, torch.Tensor], reference: dict[st
     return problems
 
 
-def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: float = 0.0) -> dict[str, list[str]]:
+def check_results(
+    folder: Path, cases: list[Case], atol: float = 1e-4, rtol: float = 0.0, logits_rtol: float = 0.0
+) -> dict[str, list[str]]:
     """Each case's failures (empty when it passed):
 
     - as set up, before any step, the weights are those of plain ``transformers``: drawn alike from a config (same
@@ -569,9 +571,10 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
     - the exported folder loads with ``from_pretrained`` and predicts what the trained model predicted;
     - ``SpeedMonitor`` counts the FLOPs of the whole model however the strategy shards it (Trainer runs).
 
-    ``atol`` bounds the predictions' differences; ``rtol`` the weights read from a checkpoint (0: exactly; a
-    strategy whose master weights are made from 16-bit copies, DeepSpeed's in bf16, rounds them to 2**-8, Gemini's
-    in fp16 to 2**-11 and the smallest to fp16's subnormal step).
+    ``atol`` bounds the predictions' differences, plus ``logits_rtol`` of each (a 16-bit run rounds its logits in
+    proportion to their size: bf16 to 2**-8 of it, and a trained output layer's logits grow); ``rtol`` bounds the
+    weights read from a checkpoint (0: exactly; a strategy whose master weights are made from 16-bit copies,
+    DeepSpeed's in bf16, rounds them to 2**-8, Gemini's in fp16 to 2**-11 and the smallest to fp16's subnormal step).
     """
     report: dict[str, list[str]] = {}
     for case, result, problems in _cases_that_ran(folder, cases, report):
@@ -606,7 +609,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
                 )
         if pretrained is not None and case.family != "bert":
             reference_logits = logits_of(_eager_as_set_up(case, folder), case.family)
-            if not torch.allclose(logits["before"], reference_logits, atol=atol):
+            if not torch.allclose(logits["before"], reference_logits, atol=atol, rtol=logits_rtol):
                 difference = (logits["before"] - reference_logits).abs().max().item()
                 problems.append(f"predictions before training differ from transformers' by {difference:.2e}")
         problems += _learning_problems(losses)
@@ -617,7 +620,7 @@ def check_results(folder: Path, cases: list[Case], atol: float = 1e-4, rtol: flo
                 problems.append(f"classifier accuracy {accuracy:.2f} after training, below {CLASSIFIER_ACCURACY}")
         if case.mode in ADAPTED and result["trained_beside_adapters"]:
             problems.append(f"LoRA trains more than its adapters: {result['trained_beside_adapters'][:3]}")
-        problems += export_problems(folder, case, logits["after"], atol)
+        problems += export_problems(folder, case, logits["after"], atol, logits_rtol)
         problems += _flops_problems(case, result.get("flops_per_token"))
     return report
 
@@ -680,9 +683,9 @@ def _learning_problems(losses: list[float]) -> list[str]:
     return [f"did not learn: loss {losses[0]:.4f} then {losses[-4:]}"]
 
 
-def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float) -> list[str]:
+def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float, rtol: float = 0.0) -> list[str]:
     """What is wrong (nothing: empty) with the case's exported folder ``<folder>/<case>/last-exported``: it must predict
-    ``trained``, the trained model's predictions, within ``atol``."""
+    ``trained``, the trained model's predictions, within ``atol`` plus ``rtol`` of each."""
     exported_folder = folder / case.name / "last-exported"
     pretrained = _pretrained_folder(case, folder)
     if case.mode in ADAPTED:  # the adapter alone, loaded onto the model it was trained on
@@ -692,7 +695,7 @@ def export_problems(folder: Path, case: Case, trained: torch.Tensor, atol: float
     else:
         exported_model = eager_model(case.family, exported_folder)
     exported = logits_of(exported_model.eval(), case.family)
-    if torch.allclose(exported, trained, atol=atol):
+    if torch.allclose(exported, trained, atol=atol, rtol=rtol):
         return []
     return [f"the exported model predicts {(exported - trained).abs().max().item():.2e} away from the trained one"]
 
