@@ -42,6 +42,10 @@ PY
 fi
 
 export PATH="$venv/bin:$PATH" PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+# Benchmark records name the commit the installed packages were built from (tools/benchmark/environment.py).
+if [ -z "${BENCHMARK_GIT_COMMIT:-}" ] && [ -e "$repo/.whl/COMMIT" ]; then
+  export BENCHMARK_GIT_COMMIT=$(cat "$repo/.whl/COMMIT")
+fi
 # JIT-built kernels (DeepSpeed's through torch, ColossalAI's under ~/.cache/colossalai) are kept
 # under /tmp so that they survive exactly as long as the installed wheels.
 export TORCH_EXTENSIONS_DIR=/tmp/cache/torch_extensions

@@ -27,6 +27,11 @@ rm -f "$out"/*.whl  # one version of each: two versions of one package stop the 
 
 # Our own packages: the image has no hatchling, and entry points exist only in an installed wheel.
 "${pip[@]}" wheel -q --no-deps -w "$out" "$repo"/packages/*/
+# The commit they were built from, for the GPU machine's benchmark records (setup.sh exports it): the copy of the
+# tree that machine gets may come with a .git that is not this one's.
+commit=$(git -C "$repo" rev-parse --short HEAD)
+[ -z "$(git -C "$repo" status --porcelain -- packages)" ] || commit="$commit-dirty"
+echo "$commit" >"$out/COMMIT"
 
 # No compiled ops at build time: both JIT-build their kernels on the GPU machine on first use.
 DS_BUILD_OPS=0 BUILD_EXT=0 "${pip[@]}" wheel -q --no-deps -w "$out" "${sdists[@]}"
