@@ -107,19 +107,26 @@ class ImportWatcher:
     def __init__(self, names, after):
         self._names = names
         self._after = after
+        # Names being looked up through the other finders: two watchers of one name would ask each other without
+        # end. Python's import lock for the name keeps other threads out meanwhile.
+        self._resolving = set()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self._names:
+        if fullname not in self._names or fullname in self._resolving:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _CallingLoader(spec.loader, self._after)
-                return spec
-        return None
+        self._resolving.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _CallingLoader(spec.loader, self._after)
+                    return spec
+            return None
+        finally:
+            self._resolving.discard(fullname)
 
 
 def _activate(module):

@@ -319,6 +319,29 @@ assert PeftModel.__dict__["load_adapter"].__module__ == "peft.peft_model" and sy
     assert done.returncode == 0, done.stderr
 
 
+def test_nested_contexts_patch_a_module_imported_inside_both_and_unwind_in_order() -> None:
+    script = """
+import sys
+from lightning_strategies import hugging_face as hf
+
+def refusal():
+    try:
+        modeling_utils.PreTrainedModel.load_adapter(None, "folder")
+    except (TypeError, AttributeError) as error:  # ours, or transformers' own on an object that is no model
+        return str(error)
+
+with hf.deferred_pretrained_loading("outer"):
+    with hf.deferred_pretrained_loading("inner"):
+        from transformers import modeling_utils
+        assert "under inner" in refusal(), refusal()
+    assert "under outer" in refusal(), refusal()
+assert "under" not in refusal(), refusal()
+assert [type(finder).__name__ for finder in sys.meta_path].count("ImportWatcher") == 1  # Lightning's alone
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_path_may_be_passed_by_keyword(saved: Path, tmp_path: Path) -> None:
     peft = pytest.importorskip("peft")
     adapter = a_trained_adapter(saved, tmp_path / "adapter")

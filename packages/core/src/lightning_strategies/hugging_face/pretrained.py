@@ -392,16 +392,22 @@ def _replace(stack: contextlib.ExitStack, owner: type, name: str, make: Callable
 def _when_imported(name: str, patch: Callable[[Any], None]) -> Iterator[None]:
     """Runs ``patch(module)`` on the module ``name`` now where it is imported, else as soon as it is imported
     inside (when its ``__init__`` has run); does nothing where it is never imported."""
-    module = sys.modules.get(name)
-    if module is not None:
-        patch(module)
+    if name in sys.modules:
+        patch(importlib.import_module(name))  # which waits for another thread still importing it
         yield
         return
-    watcher = ImportWatcher({name}, patch)
+    open_ = True
+
+    def patch_while_open(module: Any) -> None:
+        if open_:  # an import another thread began inside may end after the context
+            patch(module)
+
+    watcher = ImportWatcher({name}, patch_while_open)
     sys.meta_path.insert(0, watcher)
     try:
         yield
     finally:
+        open_ = False
         sys.meta_path.remove(watcher)
 
 
