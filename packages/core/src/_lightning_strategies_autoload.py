@@ -108,7 +108,7 @@ class ImportWatcher:
         self._names = names
         self._after = after
         # Names being looked up through the other finders: two watchers of one name would ask each other without
-        # end. Python's import lock for the name keeps other threads out meanwhile.
+        # end. The import system calls finders under its global import lock, which keeps other threads out meanwhile.
         self._resolving = set()
 
     def find_spec(self, fullname, path=None, target=None):

@@ -330,6 +330,7 @@ def refusal():
     except (TypeError, AttributeError) as error:  # ours, or transformers' own on an object that is no model
         return str(error)
 
+assert "transformers.modeling_utils" not in sys.modules
 with hf.deferred_pretrained_loading("outer"):
     with hf.deferred_pretrained_loading("inner"):
         from transformers import modeling_utils
@@ -340,6 +341,14 @@ assert [type(finder).__name__ for finder in sys.meta_path].count("ImportWatcher"
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_hidden_peft_stays_hidden(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sys.modules["peft"] = None is how a program hides a package: the context must not import it."""
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with hf.deferred_pretrained_loading("test"), torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_pretrained(saved)
+    assert [weights.adapter for _, _, weights in pending_weights(model)] == [False]
 
 
 def test_the_path_may_be_passed_by_keyword(saved: Path, tmp_path: Path) -> None:

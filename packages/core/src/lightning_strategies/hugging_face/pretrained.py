@@ -313,6 +313,7 @@ def deferred_pretrained_loading(strategy: str, initialize_later: bool = False, a
     a strategy that refuses PEFT models passes False.
 
     The patches on ``transformers`` and peft last exactly as long as the context: nothing outlives the hook it wraps.
+    Contexts nest; they are the process's, so two open at once in two threads are not supported.
     """
     if not _transformers_5_installed():
         yield
@@ -392,7 +393,7 @@ def _replace(stack: contextlib.ExitStack, owner: type, name: str, make: Callable
 def _when_imported(name: str, patch: Callable[[Any], None]) -> Iterator[None]:
     """Runs ``patch(module)`` on the module ``name`` now where it is imported, else as soon as it is imported
     inside (when its ``__init__`` has run); does nothing where it is never imported."""
-    if name in sys.modules:
+    if sys.modules.get(name) is not None:  # None: the module is hidden, and its import fails as it would without us
         patch(importlib.import_module(name))  # which waits for another thread still importing it
         yield
         return
