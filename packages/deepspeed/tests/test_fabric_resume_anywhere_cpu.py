@@ -1,7 +1,8 @@
 """Issue 29 with Fabric: fabric.load of a ZeRO-1, -2 or -3 checkpoint saved on 2 processes, on 1 process, continues
-the uninterrupted 2-process run (item 1); so do a checkpoint ddp saved, under deepspeed_stage_3, and one ZeRO-3
-saved, under fsdp, and back (item 2) (fabric_resume_script.py; the same conversions as the Trainer's, see
-test_resume_anywhere_cpu.py and test_cross_strategy_cpu.py)."""
+the uninterrupted 2-process run (item 1); so do a ZeRO-2 checkpoint under ZeRO-3 and a ZeRO-3 one under ZeRO-1, a
+checkpoint ddp saved, under deepspeed_stage_3, and one ZeRO-3 saved, under fsdp, and back (item 2)
+(fabric_resume_script.py; the same conversions as the Trainer's, see test_resume_anywhere_cpu.py and
+test_cross_strategy_cpu.py)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,36 @@ def test_fabric_load_on_another_number_of_processes_continues_the_run(reports, n
     # count (bias correction) restored.
     assert resumed["losses"] == pytest.approx(uninterrupted["losses"][STEPS:], rel=TOLERANCE, abs=TOLERANCE)
     assert (reports["folder"] / f"{name}.ckpt" / "checkpoint-universal" / "latest_universal").is_file()
+
+
+def test_fabric_load_goes_between_zero_1_2_and_3_on_another_number_of_processes(reports):
+    """A ZeRO-2 folder under deepspeed_stage_3 and a ZeRO-3 folder under deepspeed_stage_1, each saved on 2 processes
+    and loaded on 1: read as another strategy's, through the one-file form and universal layout kept inside it."""
+    folder = reports["folder"]
+    pairs = {
+        "deepspeed_stage_3": "deepspeed_stage_2",
+        "deepspeed_stage_1": "deepspeed_stage_3",
+    }  # loads under: saved by
+    weights_alone = {
+        "strategy": "deepspeed_stage_3",
+        "devices": 1,
+        "mode": "resume-weights",
+        "checkpoint": str(folder / "deepspeed_stage_2.ckpt"),
+        "out": str(folder / "weights-alone.json"),
+    }
+    resumes = [{"strategy": name, "devices": 1, "mode": "resume", "checkpoint": str(folder / f"{saved}.ckpt"),
+                "out": str(folder / f"{saved}-under-{name}.json")} for name, saved in pairs.items()]  # fmt: skip
+    _launch([*resumes, weights_alone])
+    for name, saved in pairs.items():
+        uninterrupted = reports[saved][0]
+        resumed = json.loads((folder / f"{saved}-under-{name}.json").read_text())
+        assert resumed["step"] == 2 * STEPS, name
+        assert resumed["losses"] == pytest.approx(uninterrupted["losses"][STEPS:], rel=1e-5, abs=1e-6), name
+        assert (folder / f"{saved}.ckpt" / "full.ckpt").is_file()
+    # Without the optimizer in the state, the weights alone (and the user's entries): the same first loss.
+    weights = json.loads((folder / "weights-alone.json").read_text())
+    assert weights["step"] == 2 * STEPS
+    assert weights["losses"][0] == pytest.approx(reports["deepspeed_stage_2"][0]["losses"][STEPS], rel=1e-5, abs=1e-6)
 
 
 def test_fabric_load_of_what_ddp_saved_goes_on_under_zero3(tmp_path):

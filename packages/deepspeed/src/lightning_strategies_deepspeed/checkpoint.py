@@ -157,6 +157,13 @@ def inspect(
     return location, layout
 
 
+def saved_with_the_other_zero(location: CheckpointLocation, layout: compatibility.SavedLayout, zero_3: bool) -> bool:
+    """Whether a ZeRO folder was saved with stage 3 where this run uses stage 1 or 2, or the reverse: ZeRO-3 partitions
+    the weights too, and DeepSpeed loads neither kind into the other. The strategies read such a folder as another
+    strategy's, through its one-file form and the universal layout (a universal folder loads under every stage)."""
+    return not location.universal and bool(layout.parameter_ranks) != zero_3
+
+
 def load_into_engine(
     engine: Any,
     location: CheckpointLocation,

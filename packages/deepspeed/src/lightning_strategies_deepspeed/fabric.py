@@ -26,7 +26,14 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_strategies import CheckpointError, constructor_for
-from lightning_strategies.checkpoints import load_file, on_rank_zero, one_file_for, saved_entry, weights_only_keyword
+from lightning_strategies.checkpoints import (
+    as_fabric_layout,
+    load_file,
+    on_rank_zero,
+    one_file_for,
+    saved_entry,
+    weights_only_keyword,
+)
 from lightning_strategies.hugging_face import deferred_pretrained_loading, record_models, without_record
 from lightning_strategies.precision import fp16_mixed_on_cpu_as_bf16
 from lightning_strategies_deepspeed import checkpoint as checkpoints
@@ -241,6 +248,8 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         # The path is checked before the state, as by Lightning's strategy, so the same mistake gets the same error.
         location, layout = checkpoints.inspect(path, weights_only)
         engine = _single_engine(state, "load")
+        if checkpoints.saved_with_the_other_zero(location, layout, bool(engine.zero_optimization_partition_weights())):
+            return self._load_foreign(path, state, strict, weights_only, trainer_layout=True)
         wants_optimizer = bool(_optimizer_keys(state))
         with universal.resume_anywhere(self, location, layout, wants_optimizer, weights_only) as (location, layout):
             client_state = checkpoints.load_into_engine(
@@ -250,10 +259,11 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
         return _restored(state, client_state)
 
     def _load_foreign(
-        self, path: Any, state: dict[str, Any], strict: bool, weights_only: bool | None
+        self, path: Any, state: dict[str, Any], strict: bool, weights_only: bool | None, trainer_layout: bool = False
     ) -> dict[str, Any]:
         """What another strategy's ``fabric.save`` wrote (``foreign``), in its one-file form: the weights and
-        optimizer states through DeepSpeed's universal layout where ``state`` holds an optimizer, else the weights."""
+        optimizer states through DeepSpeed's universal layout where ``state`` holds an optimizer, else the weights.
+        ``trainer_layout``: the one-file form holds them in the Trainer's layout (a ZeRO folder's, whoever saved it)."""
         engine = _single_engine(state, "load")
         model_key = next(key for key, value in state.items() if value is engine)
         optimizer_keys = _optimizer_keys(state)
@@ -264,11 +274,13 @@ class DeepSpeedFabricStrategy(DeepSpeedBody, DDPStrategy):
             )
         if not optimizer_keys:
             saved = load_file(one_file_for(path, self, weights_only), weights_only, map_location="cpu", mmap=True)
+            if trainer_layout:
+                saved = as_fabric_layout(saved, model_key, [])
             weights = saved_entry(saved, model_key)  # refused by name before the engine is touched
             self._load_whole_weights(engine.module, engine.optimizer, weights, strict)
             return _restored(state, {key: value for key, value in saved.items() if key != model_key})
         (optimizer_key,) = optimizer_keys
-        keys = (model_key, optimizer_key)
+        keys = None if trainer_layout else (model_key, optimizer_key)
 
         def check(full: Path) -> None:
             if not foreign.holds_optimizer_states(full, weights_only, keys):

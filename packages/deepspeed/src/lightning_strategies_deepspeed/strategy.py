@@ -297,9 +297,7 @@ class DeepSpeedStrategy(DeepSpeedBody, OwnPrecisionMixin, ReportFailuresMixin, D
             # checkpoint to go to: merge the shards and load the full weights instead.
             self._full_weights_pending = True
             return checkpoints.convert_zero_checkpoint(location.tag_folder, weights_only=weights_only)
-        if not location.universal and bool(layout.parameter_ranks) != self.zero_stage_3:
-            # ZeRO-3 partitions the weights, stages 1 and 2 do not, and DeepSpeed loads neither into the other: read
-            # the folder as another strategy's is, its Adam moments carried by name through the universal layout.
+        if checkpoints.saved_with_the_other_zero(location, layout, self.zero_stage_3):
             return self._load_foreign(checkpoint_path, weights_only)
         restores_optimizer = fitting and self.model.optimizer is not None
         with universal.resume_anywhere(self, location, layout, restores_optimizer, weights_only) as (location, layout):
