@@ -1,15 +1,16 @@
 """Checkpoints written under ddp, fsdp, deepspeed and colossalai resumed under one another by ``ckpt_path`` alone,
 on the machine's several GPUs (run by tests/test_cross_strategy_gpu.py; Lightning launches the other ranks).
 
-Usage: python cross_strategy.py OUT_FOLDER DEVICES {saves,resumes-under-colossalai,resumes-of-colossalai}
+Usage: python cross_strategy.py OUT_FOLDER DEVICES PHASE (one of PHASES, below)
 
 TinyGPT's data and loss with a model of linear layers (ZeRO-3 and FSDP2's meta-device build take it as it is;
 torch's MultiheadAttention suits neither), bf16-mixed, Adam: torch's under ddp, fsdp and deepspeed, HybridAdam
 (which ColossalAI requires; the same update) under colossalai. Each source strategy trains 2 epochs of 3 batches
 uninterrupted, and 1 epoch that saves at its end; each checkpoint is resumed under colossalai_cuda, and
-ColossalAI's under the others, for the second epoch. A control resumes ddp's checkpoint with its Adam moments
-emptied. The saves run in one launch (ColossalAI's first), the resumes under colossalai in a second and those of
-ColossalAI's checkpoints in a third, so that no colossalai run follows another backend's in its process. Rank 0
+ColossalAI's under the others, and the others' under one another (ZeRO-2 and ZeRO-3 included), for the second
+epoch. A control resumes ddp's checkpoint with its Adam moments emptied. The saves run in one launch (ColossalAI's
+first), the resumes under colossalai in a second, those of ColossalAI's checkpoints in a third and the rest in a
+fourth, so that no colossalai run follows another backend's in its process. Rank 0
 writes OUT_FOLDER/<run>.pt for every run: its losses, or its error. A resume under colossalai also records the
 weights and Adam moments Gemini holds once restored (by parameter name). Beside them,
 OUT_FOLDER/reference-<source>.pt holds each checkpoint's own weights and moments by name, read
@@ -46,9 +47,20 @@ SOURCES: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 COLOSSALAI = ("colossalai-full", "colossalai-sharded")
 SOURCES = {name: SOURCES[name] for name in sorted(SOURCES, key=lambda name: name not in COLOSSALAI)}
-PAIRS = [(source, "colossalai-full") for source in SOURCES] + [
-    (source, target) for source in COLOSSALAI for target in ("ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
-]
+OTHERS = [name for name in SOURCES if name not in COLOSSALAI]
+PAIRS = (
+    [(source, "colossalai-full") for source in SOURCES]
+    + [(source, target) for source in COLOSSALAI for target in OTHERS]
+    + [(source, target) for source in OTHERS for target in OTHERS if source != target]
+)
+PHASES = ("saves", "resumes-under-colossalai", "resumes-of-colossalai", "resumes-among-the-others")
+
+
+def phase_of(source: str, target: str) -> str:
+    """The launch a resume runs in: no colossalai run may follow another backend's in its process."""
+    if target in COLOSSALAI:
+        return "resumes-under-colossalai"
+    return "resumes-of-colossalai" if source in COLOSSALAI else "resumes-among-the-others"
 
 
 class LinearGPT(TinyGPT):
@@ -174,9 +186,8 @@ def main() -> None:
                 run(out, f"reference-{name}", reference, out / f"{name}.ckpt", out / f"scratch-{name}")
         run(out, "without-moments-ddp", resume_without_adam_moments, out, devices)
         return
-    under_colossalai = phase == "resumes-under-colossalai"
     for source, target in PAIRS:
-        if (target in COLOSSALAI) == under_colossalai:
+        if phase_of(source, target) == phase:
             resume = out / f"{source}.ckpt"
             run(out, f"{source}-to-{target}", fit, out / "runs", devices, target, epochs=2, resume=resume)
 
