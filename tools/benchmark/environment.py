@@ -14,6 +14,7 @@ from typing import Any
 REPOSITORY = Path(__file__).resolve().parents[2]
 DISTRIBUTIONS = [
     "torch", "lightning", "pytorch-lightning", "deepspeed", "colossalai", "torch_xla", "transformers", "peft",
+    "torchao",
     "lightning-strategies", "lightning-strategies-fsdp", "lightning-strategies-deepspeed",
     "lightning-strategies-colossalai-gemini", "lightning-strategies-xla",
 ]  # fmt: skip

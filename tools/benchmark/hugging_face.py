@@ -6,6 +6,7 @@ with ``from_pretrained`` from a local folder (``--write-pretrained`` makes one o
     python -m tools.benchmark.hugging_face --size 8b --strategy lightning:fsdp ...      # Lightning's built-in
     python -m tools.benchmark.hugging_face --size 8b --write-pretrained /tmp/llama-8b  # then --pretrained it
     python -m tools.benchmark.hugging_face --size 8b --strategy fsdp --compile ...      # each decoder layer compiled
+    python -m tools.benchmark.hugging_face --size 8b --strategy fsdp --compile --float8 tensorwise ...
 
 Rank 0 appends one JSON record to ``--out`` with the device, versions, date and commit (``BENCHMARK_GIT_COMMIT``
 where the checkout has no git, or a copy of it carries another commit's git metadata).
@@ -14,6 +15,11 @@ where the checkout has no git, or a copy of it carries another commit's git meta
 Hugging Face's key-value cache: with the cache (``use_cache``, on by default in training too) each layer reads its
 own ``layer_idx``, so every layer compiles once more (one graph per layer; past dynamo's recompile limit, 8, the
 rest run uncompiled), where without it one graph serves all. ``--no-cache`` alone is the baseline to compare with.
+
+``--float8`` converts the decoder layers' linear layers to torchao's float8 training (``convert_to_float8_training``,
+dynamic tensorwise scales; the output layer stays in bf16) in ``configure_model``, before compiling, as a user opts
+in: ``all-gather`` also has FSDP2 gather those weights in float8. MFU stays counted against the bf16 dense peak, so
+that float8 and bf16 runs compare by it.
 """
 
 from __future__ import annotations
@@ -67,12 +73,12 @@ class Tokens(Dataset):
 class Llama(LightningModule):
     def __init__(
         self, size: str, pretrained: str | None, optimizer: str, batch: int, length: int, steps: int,
-        compile_layers: bool = False, use_cache: bool = True,
+        compile_layers: bool = False, use_cache: bool = True, float8: str | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.size, self.pretrained, self.optimizer_name = size, pretrained, optimizer
         self.batch, self.length, self.steps = batch, length, steps
-        self.compile_layers, self.use_cache = compile_layers, use_cache
+        self.compile_layers, self.use_cache, self.float8 = compile_layers, use_cache, float8
         self.model: Any = None
         self.parameters_whole = 0
         self.flops_per_token = 0
@@ -91,6 +97,11 @@ class Llama(LightningModule):
         # up, Gemini's chunks and FSDP1's flat shards leave the module's parameters empty or partial.
         self.parameters_whole = sum(whole_numel(parameter) for parameter in self.model.parameters())
         self.flops_per_token = flops_per_token(self.model, self.length)
+        if self.float8:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+            config = Float8LinearConfig(enable_fsdp_float8_all_gather=self.float8 == "all-gather")
+            convert_to_float8_training(self.model.model, config=config)
         if self.compile_layers:  # compiled when first called; sharded by the strategy before that
             for layer in self.model.model.layers:
                 layer.compile()
@@ -240,6 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-pretrained", help="write a folder of random weights of --size there, and stop")
     parser.add_argument("--compile", action="store_true", help="compile each decoder layer; implies --no-cache")
     parser.add_argument("--no-cache", action="store_true", help="train without Hugging Face's key-value cache")
+    parser.add_argument(
+        "--float8", choices=("tensorwise", "all-gather"), help="float8 matmuls through torchao in the decoder layers"
+    )
     parser.add_argument("--out", default="hugging_face.jsonl")
     arguments = parser.parse_args(argv)
     if arguments.write_pretrained:
@@ -269,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     module = Llama(
         arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps,
         compile_layers=arguments.compile, use_cache=not (arguments.no_cache or arguments.compile),
+        float8=arguments.float8,
     )  # fmt: skip
     trainer = Trainer(
         strategy=strategy_for(arguments.strategy, arguments.options), accelerator=arguments.accelerator,
@@ -303,6 +318,7 @@ def record(
     result = {
         "strategy": arguments.strategy, "options": arguments.options, "size": arguments.size,
         "steps": arguments.steps, "compiled_layers": arguments.compile, "use_cache": module.use_cache,
+        "float8": arguments.float8,
         "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",
         "page_cache": ("evicted" if arguments.evicted else "as found") if arguments.pretrained else None,

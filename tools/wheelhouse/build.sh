@@ -21,6 +21,8 @@ binaries=(
   galore-torch==1.0 bitsandbytes==0.50.2
   # LightningCLI, for each package's CLI test (the image has PyYAML).
   jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.15.0
+  # float8 training, which users opt into in configure_model (torchao 0.18 needs torch>=2.11, the image's).
+  torchao==0.18.0
 )
 
 rm -f "$out"/*.whl  # one version of each: two versions of one package stop the whole install
