@@ -27,6 +27,7 @@ from lightning_strategies.hugging_face import (
     load_pending,
     move_buffers,
 )
+from lightning_strategies_fsdp.float8 import scale_float8_weights_before
 from lightning_strategies_fsdp.options import ShardingOptions, mesh_shape
 
 MESH_DIM_NAMES = {1: ("shard",), 2: ("replicate", "shard")}
@@ -133,6 +134,7 @@ def shard_model(
     """
     if isinstance(module, FSDPModule):
         materialize(module, device, options.param_init_fn)
+        scale_float8_weights_before(module)
         return module
     if options.sync_module_states:
         broadcast_module_states(module)
@@ -169,6 +171,7 @@ def shard_model(
         move_buffers(module, device)
     else:
         materialize(module, device, options.param_init_fn)
+    scale_float8_weights_before(module)
     return module
 
 

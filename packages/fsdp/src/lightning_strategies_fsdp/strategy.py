@@ -37,6 +37,7 @@ from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.checkpoint_layout import DCP
+from lightning_strategies_fsdp.float8 import scale_float8_weights_before
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.precision import (
     FSDP2BF16MixedPrecision,
@@ -128,6 +129,7 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         self._shard(self.model)
         for method in STEP_METHODS:
             _register_step_method(self.model, method)
+        scale_float8_weights_before(self.model, STEP_METHODS)
         self.barrier()
 
         if trainer.state.fn == TrainerFn.FITTING:

@@ -1,0 +1,114 @@
+"""A Hugging Face Llama trained in float8 under ``fsdp`` on two CPU processes, converted by torchao in
+configure_model as a user opts in: with bf16 gathers (``tensorwise``) and with float8 gathers (``all-gather``), each
+uninterrupted and resumed from its checkpoint at the middle step. Afterwards the float8-gathered weights are
+multiplied by 8 and the model predicts once more: the scales it gathered with must be those of the changed weights.
+
+Rank 0 writes {config: {"losses", "resumed_losses", "scales_current"}} as JSON to the path given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import lightning as L
+import torch
+import transformers
+from torch.utils.data import DataLoader
+
+from lightning_strategies.conformance.launching import end_process_group
+
+STEPS = 6
+
+
+class Float8Llama(L.LightningModule):
+    def __init__(self, all_gather: bool) -> None:
+        super().__init__()
+        self.all_gather = all_gather
+        self.model: torch.nn.Module | None = None
+        self.losses: list[float] = []
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = transformers.LlamaConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2,
+        )  # fmt: skip
+        self.model = transformers.AutoModelForCausalLM.from_config(config)
+        float8 = Float8LinearConfig(enable_fsdp_float8_all_gather=self.all_gather)
+        convert_to_float8_training(self.model.model, config=float8)  # the decoder layers; the head stays
+
+    def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
+        loss = self.model(input_ids=batch, labels=batch).loss
+        self.losses.append(float(loss))
+        return loss
+
+    def predict_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
+        return self.model(input_ids=batch).logits
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self) -> DataLoader:
+        # One sequence, again and again: every batch alike, however the sampler shuffles and wherever a resume starts.
+        return DataLoader((torch.arange(32) * 3 % 128).repeat(64, 1), batch_size=4)
+
+
+def trainer(root: Path, steps: int) -> L.Trainer:
+    return L.Trainer(
+        strategy="fsdp", accelerator="cpu", devices=2, max_steps=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+    )  # fmt: skip
+
+
+def float8_linears(module: torch.nn.Module) -> list[torch.nn.Module]:
+    from torchao.float8.float8_linear import Float8Linear
+
+    return [submodule for submodule in module.modules() if isinstance(submodule, Float8Linear)]
+
+
+def scales_current(model: Float8Llama, fit: L.Trainer) -> bool:
+    """Multiply every float8 weight by 8, predict, and compare each gathered scale with the changed weight's."""
+    linears = float8_linears(model)
+    with torch.no_grad():
+        for linear in linears:
+            linear.weight.mul_(8.0)
+    fit.predict(model, DataLoader(torch.zeros(2, 8, dtype=torch.long), batch_size=2))
+    target = torch.finfo(linears[0].config.cast_config_weight.target_dtype).max
+    for linear in linears:
+        precomputed = linear.weight._local_tensor._precomputed_scale  # to_local() wraps anew, unscaled
+        expected = torch.tensor(target / float(linear.weight.full_tensor().abs().max()), dtype=torch.float32)
+        if precomputed is None or not torch.allclose(precomputed, expected, rtol=1e-6):
+            return False
+    return True
+
+
+def main(out: Path) -> None:
+    results: dict[str, dict] = {}
+    for name, all_gather in (("tensorwise", False), ("all-gather", True)):
+        root = out.parent / name
+        L.seed_everything(0)
+        uninterrupted, model = trainer(root, STEPS), Float8Llama(all_gather)
+        uninterrupted.fit(model)
+        results[name] = {"losses": model.losses}
+
+        L.seed_everything(0)
+        first_half, half = trainer(root, STEPS // 2), Float8Llama(all_gather)
+        first_half.fit(half)
+        first_half.save_checkpoint(root / "half.ckpt")
+        second_half, resumed = trainer(root, STEPS), Float8Llama(all_gather)
+        second_half.fit(resumed, ckpt_path=root / "half.ckpt")
+        results[name]["resumed_losses"] = half.losses + resumed.losses
+        if all_gather:
+            results[name]["scales_current"] = scales_current(model, uninterrupted)
+    if torch.distributed.get_rank() == 0:
+        out.write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
+    end_process_group()  # before exit, so that gloo's threads cannot abort it
