@@ -34,12 +34,17 @@ CONFIGURATIONS = {
     "fsdp, bf16 reduce": ["--strategy", "fsdp", "--no-cache", "--options", BF16_REDUCE],
     "fsdp compiled": ["--strategy", "fsdp", "--compile"],
     "fsdp compiled, bf16 reduce": ["--strategy", "fsdp", "--compile", "--options", BF16_REDUCE],
+    "fsdp compiled, float8": ["--strategy", "fsdp", "--compile", "--float8", "tensorwise"],
+    "fsdp compiled, float8 gathers": ["--strategy", "fsdp", "--compile", "--float8", "all-gather"],
     "lightning:fsdp": ["--strategy", "lightning:fsdp", "--no-cache"],
     "lightning:fsdp compiled": ["--strategy", "lightning:fsdp", "--compile"],
     "deepspeed_stage_3": ["--strategy", "deepspeed_stage_3", "--no-cache"],
     "lightning:deepspeed_stage_3": ["--strategy", "lightning:deepspeed_stage_3", "--no-cache"],
     "colossalai_cuda": ["--strategy", "colossalai_cuda", "--no-cache"],
 }
+
+
+FLOAT8_WORDS = {"tensorwise": ", float8", "all-gather": ", float8 gathers"}
 
 
 def label(record: dict[str, Any]) -> str:
@@ -49,7 +54,7 @@ def label(record: dict[str, Any]) -> str:
         words.append("compiled")
     elif record.get("use_cache"):
         words.append("with cache")
-    text = " ".join(words)
+    text = " ".join(words) + FLOAT8_WORDS.get(record.get("float8") or "", "")
     options = record.get("options") or {}
     if options == json.loads(BF16_REDUCE):
         return f"{text}, bf16 reduce"

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -502,6 +503,24 @@ def test_hugging_face_page_gives_the_medians_the_docs_state() -> None:
         table["fsdp compiled, bf16 reduce"]["median"],
         round(100 * table["fsdp compiled, bf16 reduce"]["mfu"], 1),
     ) == (44399, 54.1)
+
+
+def test_the_float8_medians_the_docs_state_are_the_records() -> None:
+    """docs/hugging-face.md's float8 table on two GPUs, from its record; the float8 gathers run before the strategy
+    computed their scales (commit 008efcf) are a row of their own there."""
+    from tools.benchmark import hugging_face_suite as suite
+
+    record = REPOSITORY / "docs" / "results" / "2026-11-29-h200x2-hugging-face-8b-float8.jsonl"
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    before = [record for record in records if record["float8"] == "all-gather" and record["git_commit"] == "008efcf"]
+    table = {row["configuration"]: row for row in suite.rows([record for record in records if record not in before])}
+    medians = {name: (row["runs"], round(row["median"]), round(100 * row["mfu"], 1)) for name, row in table.items()}
+    assert medians == {
+        "fsdp compiled": (5, 21346, 52.1),
+        "fsdp compiled, float8": (4, 27064, 66.0),
+        "fsdp compiled, float8 gathers": (3, 26400, 64.4),
+    }
+    assert statistics.median(record["tokens_per_second"] for record in before) == 23929.5
 
 
 def _kept_parts(folder: Path) -> Path:
