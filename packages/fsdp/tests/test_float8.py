@@ -38,6 +38,26 @@ def test_a_float8_model_resumes_from_its_checkpoint(results: dict[str, dict], co
     assert results[config]["resumed_losses"] == pytest.approx(results[config]["losses"], rel=1e-6)
 
 
+def test_every_training_step_gathers_with_the_scales_of_its_weights(results: dict[str, dict]) -> None:
+    """Computed ahead before each step, of the weights the last optimizer step left; dropped after each step."""
+    gathered = results["all-gather"]
+    assert gathered["scales_in_steps"] == [True] * 6
+    assert gathered["dropped_after_steps"] == [True] * 6
+
+
 def test_weights_changed_outside_the_optimizer_are_gathered_with_their_own_scales(results: dict[str, dict]) -> None:
     """A scale computed ahead and kept across a change of the weights would clip them silently."""
     assert results["all-gather"]["scales_current"] is True
+
+
+def test_set_up_again_leaves_lightning_seeing_the_models_own_methods(results: dict[str, dict]) -> None:
+    """predict after fit sets the strategy up again: the step methods are wrapped anew, not wrapped twice, and
+    Lightning still finds no validation_step of the model's own."""
+    assert results["all-gather"]["validation_step_overridden"] is False
+
+
+def test_fabric_steps_gather_with_the_scales_of_their_weights(tmp_path: Path) -> None:
+    """Through Fabric the root's forward computes them (a hook), and its optimizer step drops them."""
+    out = tmp_path / "fabric.json"
+    run_script(SCRIPT, out, "fabric", env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=600)
+    assert json.loads(out.read_text()) == {"scales_in_steps": [True] * 3, "dropped_after_steps": [True] * 3}

@@ -22,6 +22,7 @@ from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
+from lightning_strategies_fsdp.float8 import forget_float8_scales
 from lightning_strategies_fsdp.options import STRATEGY
 
 
@@ -68,6 +69,12 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
     @override
     def setup_module(self, module: Module) -> Module:
         return self._shard(module)
+
+    @override
+    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
+        stepped = super().optimizer_step(optimizer, **kwargs)
+        forget_float8_scales(optimizer)
+        return stepped
 
     @override
     def module_to_device(self, module: Module) -> None:

@@ -2,33 +2,44 @@
 
 A user opts into float8 training in ``configure_model`` (torchao's ``convert_to_float8_training``). With
 ``Float8LinearConfig(enable_fsdp_float8_all_gather=True)`` FSDP2 gathers those weights in float8, half the bytes of
-bf16; each weight then needs its scale (from the largest magnitude of the whole weight, across shards) before its
-gather. Left to itself, every weight computes its own with an all-reduce of its own, seven a Llama layer in forward
-and again in backward. torchao's ``precompute_float8_dynamic_scale_for_fsdp`` computes them all in one all-reduce,
-valid until the weights change. Run before every forward of the root (``forward`` and the Trainer's step methods,
-ahead of FSDP2's own all-gathers), it is never older than the weights it scales: after an optimizer step, a
-checkpoint load or a user's own change alike.
+bf16; each gather needs its weight's scale, from the largest magnitude of the whole weight across shards. Left to
+itself, every weight computes its own in an all-reduce of its own, seven a Llama layer in forward and again in
+backward. torchao's ``precompute_float8_dynamic_scale_for_fsdp`` computes them all in one all-reduce, valid until
+the weights change. The strategies run it before each call of the root's ``forward`` and of the Trainer's step
+methods, ahead of FSDP2's own all-gathers, and forget the scales after each optimizer step, so that a forward the
+root does not start (a model run again inside one ``training_step``) computes its own as torchao does by itself.
+Offloaded weights are left to torchao: FSDP2 gathers a copy on the GPU, which does not carry a scale computed ahead.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import Any
 
 from torch import nn
+from torch.optim import Optimizer
 
-__all__ = ["gathers_float8_weights", "scale_float8_weights_before"]
+__all__ = ["forget_float8_scales", "gathers_float8_weights", "scale_float8_weights_before"]
+
+# Marks the wrappers set on a root, so that a later set-up (every trainer call on the same model) replaces them.
+WRAPPER_MARK = "_lightning_strategies_wrapper"
+HOOK_HANDLE = "_lightning_strategies_float8_hook"
+
+
+def _float8_weight_class() -> Any:
+    # It lives in torchao: not imported, no module can hold one (nor is torchao imported for nothing).
+    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")
+    return None if fsdp_utils is None else fsdp_utils.WeightWithDynamicFloat8CastTensor
 
 
 def gathers_float8_weights(module: nn.Module) -> bool:
     """True if FSDP2 gathers some of the module's weights in float8 (torchao's float8 all-gather)."""
-    # The weights' class lives in torchao: not imported, no module can hold one (nor is torchao imported for nothing).
-    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")
-    if fsdp_utils is None:
-        return False
-    float8_weight = fsdp_utils.WeightWithDynamicFloat8CastTensor
-    return any(isinstance(getattr(p, "_local_tensor", p), float8_weight) for p in module.parameters())
+    float8_weight = _float8_weight_class()
+    return float8_weight is not None and any(
+        isinstance(getattr(p, "_local_tensor", p), float8_weight) for p in module.parameters()
+    )
 
 
 def scale_float8_weights_before(root: nn.Module, methods: tuple[str, ...] = ("forward",)) -> bool:
@@ -40,13 +51,29 @@ def scale_float8_weights_before(root: nn.Module, methods: tuple[str, ...] = ("fo
 
     for name in methods:
         if name == "forward":  # ahead of FSDP2's own pre-forward hook, which gathers the root's weights
-            root.register_forward_pre_hook(
+            previous = root.__dict__.pop(HOOK_HANDLE, None)
+            if previous is not None:
+                previous.remove()
+            root.__dict__[HOOK_HANDLE] = root.register_forward_pre_hook(
                 lambda module, args: precompute_float8_dynamic_scale_for_fsdp(module), prepend=True
             )
             continue
         # Methods registered with register_fsdp_forward_method run FSDP2's pre-forward themselves, not the hooks.
         setattr(root, name, _scaling_first(root, getattr(root, name), precompute_float8_dynamic_scale_for_fsdp))
     return True
+
+
+def forget_float8_scales(optimizer: Optimizer) -> None:
+    """After ``optimizer`` stepped, the scales computed ahead for its float8-gathered weights are stale: drop them,
+    so that a gather before the next computation ahead takes its own."""
+    float8_weight = _float8_weight_class()
+    if float8_weight is None:
+        return
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            local = getattr(parameter, "_local_tensor", None)
+            if isinstance(local, float8_weight):
+                local._precomputed_scale = None
 
 
 def _scaling_first(root: nn.Module, method: Any, precompute: Any) -> Any:
@@ -57,4 +84,6 @@ def _scaling_first(root: nn.Module, method: Any, precompute: Any) -> Any:
 
     # Lightning's is_overridden unwraps once: it must reach the user's method, not FSDP2's wrapper around it.
     scaled.__wrapped__ = getattr(method, "__wrapped__", method)
+    scaled.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
+    setattr(scaled, WRAPPER_MARK, True)
     return scaled

@@ -11,7 +11,7 @@ every ``isinstance`` check Lightning makes for its FSDP strategy treats this one
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.checkpoint_layout import DCP
-from lightning_strategies_fsdp.float8 import scale_float8_weights_before
+from lightning_strategies_fsdp.float8 import WRAPPER_MARK, forget_float8_scales, scale_float8_weights_before
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.precision import (
     FSDP2BF16MixedPrecision,
@@ -176,6 +176,12 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         return self._reduce(tensor, group, reduce_op)
 
     @override
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        stepped = super().optimizer_step(optimizer, closure, model, **kwargs)
+        forget_float8_scales(optimizer)
+        return stepped
+
+    @override
     def teardown(self) -> None:
         assert self.cluster_environment is not None
         assert self.accelerator is not None
@@ -258,10 +264,14 @@ def _register_step_method(module: torch.nn.Module, method: str) -> None:
     original = getattr(type(module), method, None)
     if original is None:
         return
+    # Set-up runs again for every trainer call on the same model: wrap the class's method, not the last wrappers.
+    if getattr(module.__dict__.get(method), WRAPPER_MARK, False):
+        del module.__dict__[method]
     register_fsdp_forward_method(module, method)
     wrapper = getattr(getattr(module, method), "__func__", None)
     if wrapper is not None:
         wrapper.__signature__ = inspect.signature(original)
+        setattr(wrapper, WRAPPER_MARK, True)
 
 
 # Lightning's loops, callbacks and connector check for its FSDP strategy by class: validation, test and predict

@@ -1,9 +1,17 @@
 """A Hugging Face Llama trained in float8 under ``fsdp`` on two CPU processes, converted by torchao in
 configure_model as a user opts in: with bf16 gathers (``tensorwise``) and with float8 gathers (``all-gather``), each
-uninterrupted and resumed from its checkpoint at the middle step. Afterwards the float8-gathered weights are
-multiplied by 8 and the model predicts once more: the scales it gathered with must be those of the changed weights.
+uninterrupted and resumed from its checkpoint at the middle step. With float8 gathers, every training step checks
+that the scales computed ahead are those of the weights as they are then, and that they are dropped after each
+optimizer step. Afterwards the float8-gathered weights are multiplied by 8 and the model predicts (set-up runs
+again): the scales it gathered with must be those of the changed weights, and Lightning must still see that the
+model has no validation_step.
 
-Rank 0 writes {config: {"losses", "resumed_losses", "scales_current"}} as JSON to the path given.
+Rank 0 writes {config: {"losses", "resumed_losses", and with float8 gathers "scales_in_steps", "dropped_after_steps",
+"scales_current", "validation_step_overridden"}} as JSON to the path given. With ``fabric`` after the path, three
+steps through Fabric with float8 gathers instead, {"scales_in_steps", "dropped_after_steps"}, checked after each
+forward and each optimizer step.
+
+    python float8.py OUT [fabric]
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import transformers
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_strategies.conformance.launching import end_process_group
@@ -28,6 +37,8 @@ class Float8Llama(L.LightningModule):
         self.all_gather = all_gather
         self.model: torch.nn.Module | None = None
         self.losses: list[float] = []
+        self.scales_in_steps: list[bool] = []
+        self.dropped_after_steps: list[bool] = []
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -43,9 +54,16 @@ class Float8Llama(L.LightningModule):
         convert_to_float8_training(self.model.model, config=float8)  # the decoder layers; the head stays
 
     def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
+        if self.all_gather:
+            self.scales_in_steps.append(scales_match_weights(self))
         loss = self.model(input_ids=batch, labels=batch).loss
         self.losses.append(float(loss))
         return loss
+
+    def on_train_batch_end(self, outputs: object, batch: torch.Tensor, batch_index: int) -> None:
+        if self.all_gather:
+            scales = [linear.weight._local_tensor._precomputed_scale for linear in float8_linears(self)]
+            self.dropped_after_steps.append(all(scale is None for scale in scales))
 
     def predict_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
         return self.model(input_ids=batch).logits
@@ -71,13 +89,9 @@ def float8_linears(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [submodule for submodule in module.modules() if isinstance(submodule, Float8Linear)]
 
 
-def scales_current(model: Float8Llama, fit: L.Trainer) -> bool:
-    """Multiply every float8 weight by 8, predict, and compare each gathered scale with the changed weight's."""
+def scales_match_weights(model: torch.nn.Module) -> bool:
+    """Every float8-gathered weight holds a scale computed ahead, and it is that of the weight as it is now."""
     linears = float8_linears(model)
-    with torch.no_grad():
-        for linear in linears:
-            linear.weight.mul_(8.0)
-    fit.predict(model, DataLoader(torch.zeros(2, 8, dtype=torch.long), batch_size=2))
     target = torch.finfo(linears[0].config.cast_config_weight.target_dtype).max
     for linear in linears:
         precomputed = linear.weight._local_tensor._precomputed_scale  # to_local() wraps anew, unscaled
@@ -85,6 +99,38 @@ def scales_current(model: Float8Llama, fit: L.Trainer) -> bool:
         if precomputed is None or not torch.allclose(precomputed, expected, rtol=1e-6):
             return False
     return True
+
+
+def scales_current(model: Float8Llama, fit: L.Trainer) -> bool:
+    """Multiply every float8 weight by 8, predict, and compare each gathered scale with the changed weight's."""
+    with torch.no_grad():
+        for linear in float8_linears(model):
+            linear.weight.mul_(8.0)
+    fit.predict(model, DataLoader(torch.zeros(2, 8, dtype=torch.long), batch_size=2))
+    return scales_match_weights(model)
+
+
+def fabric_steps() -> dict[str, list[bool]]:
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(strategy="fsdp", accelerator="cpu", devices=2)
+    fabric.launch()
+    with fabric.init_module(empty_init=True):
+        holder = Float8Llama(all_gather=True)
+        holder.configure_model()
+    model = fabric.setup_module(holder.model)
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    batch = (torch.arange(32) * 3 % 128).repeat(4, 1)
+    steps: dict[str, list[bool]] = {"scales_in_steps": [], "dropped_after_steps": []}
+    for _ in range(3):
+        loss = model(input_ids=batch, labels=batch).loss
+        steps["scales_in_steps"].append(scales_match_weights(model))
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        scales = [linear.weight._local_tensor._precomputed_scale for linear in float8_linears(model)]
+        steps["dropped_after_steps"].append(all(scale is None for scale in scales))
+    return steps
 
 
 def main(out: Path) -> None:
@@ -104,11 +150,19 @@ def main(out: Path) -> None:
         second_half.fit(resumed, ckpt_path=root / "half.ckpt")
         results[name]["resumed_losses"] = half.losses + resumed.losses
         if all_gather:
+            results[name]["scales_in_steps"] = model.scales_in_steps
+            results[name]["dropped_after_steps"] = model.dropped_after_steps
             results[name]["scales_current"] = scales_current(model, uninterrupted)
+            results[name]["validation_step_overridden"] = is_overridden("validation_step", model)
     if torch.distributed.get_rank() == 0:
         out.write_text(json.dumps(results))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[2:] == ["fabric"]:
+        found = fabric_steps()
+        if torch.distributed.get_rank() == 0:
+            Path(sys.argv[1]).write_text(json.dumps(found))
+    else:
+        main(Path(sys.argv[1]))
     end_process_group()  # before exit, so that gloo's threads cannot abort it
