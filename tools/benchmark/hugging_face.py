@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if not isinstance(arguments.options, dict) or (arguments.options and arguments.strategy in BUILTINS):
         parser.error("--options takes a JSON object of settings, for a strategy name of this project")
+    if arguments.float8 == "all-gather" and not arguments.strategy.startswith("fsdp"):
+        parser.error("--float8 all-gather gathers float8 weights through FSDP2: pick one of this project's fsdp names")
     if arguments.cold and not arguments.pretrained:
         parser.error("--cold drops the --pretrained folder from the page cache: give --pretrained too")
     # Lightning starts the other local ranks by running this script again, with LOCAL_RANK set: only the first run
@@ -319,6 +321,8 @@ def record(
         "strategy": arguments.strategy, "options": arguments.options, "size": arguments.size,
         "steps": arguments.steps, "compiled_layers": arguments.compile, "use_cache": module.use_cache,
         "float8": arguments.float8,
+        # Settings read from the environment that change set-up or memory.
+        "environment": {name: os.environ.get(name) for name in ("THP_MEM_ALLOC_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")},
         "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",
         "page_cache": ("evicted" if arguments.evicted else "as found") if arguments.pretrained else None,
