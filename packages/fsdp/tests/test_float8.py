@@ -50,10 +50,19 @@ def test_weights_changed_outside_the_optimizer_are_gathered_with_their_own_scale
     assert results["all-gather"]["scales_current"] is True
 
 
-def test_set_up_again_leaves_lightning_seeing_the_models_own_methods(results: dict[str, dict]) -> None:
-    """predict after fit sets the strategy up again: the step methods are wrapped anew, not wrapped twice, and
-    Lightning still finds no validation_step of the model's own."""
-    assert results["all-gather"]["validation_step_overridden"] is False
+@pytest.mark.parametrize("config", ["tensorwise", "all-gather"])
+def test_set_up_again_leaves_lightning_seeing_the_models_own_methods(results: dict[str, dict], config: str) -> None:
+    """predict after fit sets the strategy up again: the step methods are wrapped anew, not wrapped twice (FSDP2's
+    wrappers alone under tensorwise), Lightning still finds no validation_step of the model's own, and the forward
+    hooks are as many as before."""
+    assert results[config]["validation_step_overridden"] is False
+    before, after = results[config]["forward_pre_hooks"]
+    assert before == after
+
+
+def test_offloaded_weights_keep_torchaos_own_scales(results: dict[str, dict]) -> None:
+    """FSDP2 gathers offloaded weights from a copy on the accelerator, which would not carry a scale computed ahead."""
+    assert results["offloaded"] == {"scales_in_steps": [False, False], "forward_hook": False}
 
 
 def test_fabric_steps_gather_with_the_scales_of_their_weights(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.clipping import clip_grad_norm_
-from lightning_strategies_fsdp.float8 import forget_float8_scales
+from lightning_strategies_fsdp.float8 import drop_float8_scales_after_steps
 from lightning_strategies_fsdp.options import STRATEGY
 
 
@@ -64,6 +64,7 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 group["params"] = [sharded[names[parameter]] for parameter in group["params"]]
+            drop_float8_scales_after_steps(optimizer)
         return module, optimizers, scheduler
 
     @override
@@ -71,10 +72,9 @@ class FSDP2FabricStrategy(FSDP2Body, ParallelStrategy):
         return self._shard(module)
 
     @override
-    def optimizer_step(self, optimizer: Any, **kwargs: Any) -> Any:
-        stepped = super().optimizer_step(optimizer, **kwargs)
-        forget_float8_scales(optimizer)
-        return stepped
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        drop_float8_scales_after_steps(optimizer)
+        return super().setup_optimizer(optimizer)
 
     @override
     def module_to_device(self, module: Module) -> None:

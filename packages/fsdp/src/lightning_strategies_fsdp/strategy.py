@@ -11,7 +11,7 @@ every ``isinstance`` check Lightning makes for its FSDP strategy treats this one
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,12 @@ from lightning_strategies.ranks import ReportFailuresMixin
 from lightning_strategies_fsdp import checkpoint as checkpoints
 from lightning_strategies_fsdp.body import FSDP2Body, gradient_sync_paused
 from lightning_strategies_fsdp.checkpoint_layout import DCP
-from lightning_strategies_fsdp.float8 import WRAPPER_MARK, forget_float8_scales, scale_float8_weights_before
+from lightning_strategies_fsdp.float8 import (
+    WRAPPER_MARK,
+    drop_float8_scales_after_steps,
+    scale_float8_weights_before,
+    unwrap_method,
+)
 from lightning_strategies_fsdp.options import STRATEGY
 from lightning_strategies_fsdp.precision import (
     FSDP2BF16MixedPrecision,
@@ -129,13 +134,16 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         self._shard(self.model)
         for method in STEP_METHODS:
             _register_step_method(self.model, method)
-        scale_float8_weights_before(self.model, STEP_METHODS)
+        if not self._offloaded:  # float8.py: offloaded weights keep torchao's own scales
+            scale_float8_weights_before(self.model, STEP_METHODS)
         self.barrier()
 
         if trainer.state.fn == TrainerFn.FITTING:
             # Optimizers built before sharding would hold the replaced parameters: build them now.
             self._reset_optimizers_and_schedulers()
             self.setup_optimizers(trainer)
+            for optimizer in self.optimizers:
+                drop_float8_scales_after_steps(optimizer)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING and not self._offloaded:
             _optimizers_to_device(self.optimizers, self.root_device)
@@ -174,12 +182,6 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
     @override
     def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor:
         return self._reduce(tensor, group, reduce_op)
-
-    @override
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
-        stepped = super().optimizer_step(optimizer, closure, model, **kwargs)
-        forget_float8_scales(optimizer)
-        return stepped
 
     @override
     def teardown(self) -> None:
@@ -264,14 +266,14 @@ def _register_step_method(module: torch.nn.Module, method: str) -> None:
     original = getattr(type(module), method, None)
     if original is None:
         return
-    # Set-up runs again for every trainer call on the same model: wrap the class's method, not the last wrappers.
-    if getattr(module.__dict__.get(method), WRAPPER_MARK, False):
-        del module.__dict__[method]
+    # Set-up runs again for every trainer call on the same model: wrap what the model has, not the last wrappers.
+    unwrap_method(module, method)
+    replaced = module.__dict__.get(method)
     register_fsdp_forward_method(module, method)
     wrapper = getattr(getattr(module, method), "__func__", None)
     if wrapper is not None:
         wrapper.__signature__ = inspect.signature(original)
-        setattr(wrapper, WRAPPER_MARK, True)
+        setattr(wrapper, WRAPPER_MARK, (replaced,))
 
 
 # Lightning's loops, callbacks and connector check for its FSDP strategy by class: validation, test and predict

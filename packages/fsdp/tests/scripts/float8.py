@@ -6,8 +6,11 @@ optimizer step. Afterwards the float8-gathered weights are multiplied by 8 and t
 again): the scales it gathered with must be those of the changed weights, and Lightning must still see that the
 model has no validation_step.
 
-Rank 0 writes {config: {"losses", "resumed_losses", and with float8 gathers "scales_in_steps", "dropped_after_steps",
-"scales_current", "validation_step_overridden"}} as JSON to the path given. With ``fabric`` after the path, three
+Last, ``fsdp_cpu_offload`` trains with float8 gathers for two steps: offloaded weights keep torchao's own scales.
+
+Rank 0 writes {config: {"losses", "resumed_losses", "validation_step_overridden", "forward_pre_hooks" (after fit and
+after predict), and with float8 gathers "scales_in_steps", "dropped_after_steps", "scales_current"}, "offloaded":
+{"scales_in_steps", "forward_hook"}} as JSON to the path given. With ``fabric`` after the path, three
 steps through Fabric with float8 gathers instead, {"scales_in_steps", "dropped_after_steps"}, checked after each
 forward and each optimizer step.
 
@@ -27,6 +30,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import DataLoader
 
 from lightning_strategies.conformance.launching import end_process_group
+from lightning_strategies_fsdp.float8 import HOOK_HANDLE
 
 STEPS = 6
 
@@ -76,9 +80,9 @@ class Float8Llama(L.LightningModule):
         return DataLoader((torch.arange(32) * 3 % 128).repeat(64, 1), batch_size=4)
 
 
-def trainer(root: Path, steps: int) -> L.Trainer:
+def trainer(root: Path, steps: int, strategy: str = "fsdp") -> L.Trainer:
     return L.Trainer(
-        strategy="fsdp", accelerator="cpu", devices=2, max_steps=steps, logger=False, enable_checkpointing=False,
+        strategy=strategy, accelerator="cpu", devices=2, max_steps=steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
     )  # fmt: skip
 
@@ -106,8 +110,12 @@ def scales_current(model: Float8Llama, fit: L.Trainer) -> bool:
     with torch.no_grad():
         for linear in float8_linears(model):
             linear.weight.mul_(8.0)
-    fit.predict(model, DataLoader(torch.zeros(2, 8, dtype=torch.long), batch_size=2))
+    fit.predict(model, predict_batches())
     return scales_match_weights(model)
+
+
+def predict_batches() -> DataLoader:
+    return DataLoader(torch.zeros(2, 8, dtype=torch.long), batch_size=2)
 
 
 def fabric_steps() -> dict[str, list[bool]]:
@@ -149,11 +157,21 @@ def main(out: Path) -> None:
         second_half, resumed = trainer(root, STEPS), Float8Llama(all_gather)
         second_half.fit(resumed, ckpt_path=root / "half.ckpt")
         results[name]["resumed_losses"] = half.losses + resumed.losses
+        hooks = len(model._forward_pre_hooks)
         if all_gather:
             results[name]["scales_in_steps"] = model.scales_in_steps
             results[name]["dropped_after_steps"] = model.dropped_after_steps
             results[name]["scales_current"] = scales_current(model, uninterrupted)
-            results[name]["validation_step_overridden"] = is_overridden("validation_step", model)
+        else:
+            uninterrupted.predict(model, predict_batches())
+        # predict set the strategy up again
+        results[name]["validation_step_overridden"] = is_overridden("validation_step", model)
+        results[name]["forward_pre_hooks"] = [hooks, len(model._forward_pre_hooks)]
+
+    L.seed_everything(0)
+    offloaded, model = trainer(out.parent / "offloaded", 2, "fsdp_cpu_offload"), Float8Llama(all_gather=True)
+    offloaded.fit(model)
+    results["offloaded"] = {"scales_in_steps": model.scales_in_steps, "forward_hook": HOOK_HANDLE in model.__dict__}
     if torch.distributed.get_rank() == 0:
         out.write_text(json.dumps(results))
 
