@@ -34,7 +34,7 @@ if [ ${#packages[@]} -eq 0 ]; then
     "deepspeed:hugging" "deepspeed:not hugging"
     "colossalai-gemini:hugging" "colossalai-gemini:several or multinode or checkpoint"
     # The cross-strategy matrix alone took 388 s on two GPUs (four launches): a stream of its own.
-    "colossalai-gemini=560:cross_strategy"
+    "colossalai-gemini=520:cross_strategy"
     "colossalai-gemini:not (hugging or several or multinode or checkpoint or cross_strategy)"
   )
 fi
