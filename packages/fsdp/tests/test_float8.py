@@ -45,6 +45,11 @@ def test_every_training_step_gathers_with_the_scales_of_its_weights(results: dic
     assert gathered["dropped_after_steps"] == [True] * 6
 
 
+def test_only_an_optimizer_of_float8_gathered_weights_drops_scales_after_its_steps(results: dict[str, dict]) -> None:
+    assert results["all-gather"]["optimizer_step_hooks"] == 1
+    assert results["tensorwise"]["optimizer_step_hooks"] == 0
+
+
 def test_weights_changed_outside_the_optimizer_are_gathered_with_their_own_scales(results: dict[str, dict]) -> None:
     """A scale computed ahead and kept across a change of the weights would clip them silently."""
     assert results["all-gather"]["scales_current"] is True

@@ -17,9 +17,10 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
 __all__ = ["drop_float8_scales_after_steps", "gathers_float8_weights", "scale_float8_weights_before"]
@@ -30,18 +31,21 @@ WRAPPER_MARK = "_lightning_strategies_replaced"
 HOOK_HANDLE = "_lightning_strategies_float8_hook"
 
 
-def _float8_weight_class() -> Any:
-    # It lives in torchao: not imported, no module can hold one (nor is torchao imported for nothing).
+def _float8_gathered(parameters: Iterable[Tensor]) -> Iterator[Tensor]:
+    """The local shards of those ``parameters`` that FSDP2 gathers in float8."""
+    # The class lives in torchao: not imported, no parameter can be one (nor is torchao imported for nothing).
     fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")
-    return None if fsdp_utils is None else fsdp_utils.WeightWithDynamicFloat8CastTensor
+    if fsdp_utils is None:
+        return
+    for parameter in parameters:
+        local = getattr(parameter, "_local_tensor", parameter)
+        if isinstance(local, fsdp_utils.WeightWithDynamicFloat8CastTensor):
+            yield local
 
 
 def gathers_float8_weights(module: nn.Module) -> bool:
     """True if FSDP2 gathers some of the module's weights in float8 (torchao's float8 all-gather)."""
-    float8_weight = _float8_weight_class()
-    return float8_weight is not None and any(
-        isinstance(getattr(p, "_local_tensor", p), float8_weight) for p in module.parameters()
-    )
+    return next(_float8_gathered(module.parameters()), None) is not None
 
 
 def scale_float8_weights_before(root: nn.Module, methods: tuple[str, ...] = ("forward",)) -> bool:
@@ -66,19 +70,19 @@ def scale_float8_weights_before(root: nn.Module, methods: tuple[str, ...] = ("fo
 
 def drop_float8_scales_after_steps(optimizer: Optimizer) -> None:
     """After each step of ``optimizer`` the scales computed ahead for its float8-gathered weights are stale: drop them,
-    so that a gather before the next computation ahead takes its own."""
-    optimizer.register_step_post_hook(_forget_float8_scales)
+    so that a gather before the next computation ahead takes its own. An optimizer without such weights is left as
+    it is."""
+    if next(_float8_gathered(_optimized(optimizer)), None) is not None:
+        optimizer.register_step_post_hook(_forget_float8_scales)
+
+
+def _optimized(optimizer: Optimizer) -> Iterator[Tensor]:
+    return (parameter for group in optimizer.param_groups for parameter in group["params"])
 
 
 def _forget_float8_scales(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-    float8_weight = _float8_weight_class()
-    if float8_weight is None:
-        return
-    for group in optimizer.param_groups:
-        for parameter in group["params"]:
-            local = getattr(parameter, "_local_tensor", None)
-            if isinstance(local, float8_weight):
-                local._precomputed_scale = None
+    for local in _float8_gathered(_optimized(optimizer)):
+        local._precomputed_scale = None  # type: ignore[attr-defined]
 
 
 def unwrap_method(module: nn.Module, name: str) -> None:

@@ -134,7 +134,7 @@ def shard_model(
     """
     if isinstance(module, FSDPModule):
         materialize(module, device, options.param_init_fn)
-        _scale_float8_weights(module, options)
+        scale_float8_weights(module, options)
         return module
     if options.sync_module_states:
         broadcast_module_states(module)
@@ -171,16 +171,16 @@ def shard_model(
         move_buffers(module, device)
     else:
         materialize(module, device, options.param_init_fn)
-    _scale_float8_weights(module, options)
+    scale_float8_weights(module, options)
     return module
 
 
-def _scale_float8_weights(module: nn.Module, options: ShardingOptions) -> None:
-    """Float8 gathers take their scales computed ahead (float8.py), but of offloaded weights: FSDP2 gathers those
-    from a copy on the accelerator, which does not carry the scale, and the computation would reduce host tensors
-    over the accelerator's process group."""
+def scale_float8_weights(module: nn.Module, options: ShardingOptions, methods: tuple[str, ...] = ("forward",)) -> None:
+    """Float8 gathers take their scales computed ahead before each call of ``methods`` (float8.py), but of offloaded
+    weights: FSDP2 gathers those from a copy on the accelerator, which does not carry the scale, and the computation
+    would reduce host tensors over the accelerator's process group."""
     if not isinstance(options.offload_policy, CPUOffloadPolicy):
-        scale_float8_weights_before(module)
+        scale_float8_weights_before(module, methods)
 
 
 def _inside_sharded(block: nn.Module, root: nn.Module) -> bool:

@@ -40,7 +40,6 @@ from lightning_strategies_fsdp.checkpoint_layout import DCP
 from lightning_strategies_fsdp.float8 import (
     WRAPPER_MARK,
     drop_float8_scales_after_steps,
-    scale_float8_weights_before,
     unwrap_method,
 )
 from lightning_strategies_fsdp.options import STRATEGY
@@ -50,6 +49,7 @@ from lightning_strategies_fsdp.precision import (
     FSDP2MixedPrecision,
     FSDP2Precision,
 )
+from lightning_strategies_fsdp.sharding import scale_float8_weights
 
 # LightningModule methods the Trainer calls instead of forward: FSDP2 must all-gather around them.
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -134,8 +134,7 @@ class FSDP2Strategy(FSDP2Body, OwnPrecisionMixin, ReportFailuresMixin, ParallelS
         self._shard(self.model)
         for method in STEP_METHODS:
             _register_step_method(self.model, method)
-        if not self._offloaded:  # float8.py: offloaded weights keep torchao's own scales
-            scale_float8_weights_before(self.model, STEP_METHODS)
+        scale_float8_weights(self.model, self.options, STEP_METHODS)
         self.barrier()
 
         if trainer.state.fn == TrainerFn.FITTING:

@@ -9,10 +9,10 @@ model has no validation_step.
 Last, ``fsdp_cpu_offload`` trains with float8 gathers for two steps: offloaded weights keep torchao's own scales.
 
 Rank 0 writes {config: {"losses", "resumed_losses", "validation_step_overridden", "forward_pre_hooks" (after fit and
-after predict), and with float8 gathers "scales_in_steps", "dropped_after_steps", "scales_current"}, "offloaded":
-{"scales_in_steps", "forward_hook"}} as JSON to the path given. With ``fabric`` after the path, three
-steps through Fabric with float8 gathers instead, {"scales_in_steps", "dropped_after_steps"}, checked after each
-forward and each optimizer step.
+after predict), "optimizer_step_hooks", and with float8 gathers "scales_in_steps", "dropped_after_steps",
+"scales_current"}, "offloaded": {"scales_in_steps", "forward_hook"}} as JSON to the path given. With ``fabric``
+after the path, three steps through Fabric with float8 gathers instead, {"scales_in_steps", "dropped_after_steps"},
+checked after each forward and each optimizer step.
 
     python float8.py OUT [fabric]
 """
@@ -66,8 +66,7 @@ class Float8Llama(L.LightningModule):
 
     def on_train_batch_end(self, outputs: object, batch: torch.Tensor, batch_index: int) -> None:
         if self.all_gather:
-            scales = [linear.weight._local_tensor._precomputed_scale for linear in float8_linears(self)]
-            self.dropped_after_steps.append(all(scale is None for scale in scales))
+            self.dropped_after_steps.append(scales_dropped(self))
 
     def predict_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
         return self.model(input_ids=batch).logits
@@ -105,6 +104,11 @@ def scales_match_weights(model: torch.nn.Module) -> bool:
     return True
 
 
+def scales_dropped(model: torch.nn.Module) -> bool:
+    """No float8-gathered weight holds a scale computed ahead."""
+    return all(linear.weight._local_tensor._precomputed_scale is None for linear in float8_linears(model))
+
+
 def scales_current(model: Float8Llama, fit: L.Trainer) -> bool:
     """Multiply every float8 weight by 8, predict, and compare each gathered scale with the changed weight's."""
     with torch.no_grad():
@@ -136,8 +140,7 @@ def fabric_steps() -> dict[str, list[bool]]:
         fabric.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-        scales = [linear.weight._local_tensor._precomputed_scale for linear in float8_linears(model)]
-        steps["dropped_after_steps"].append(all(scale is None for scale in scales))
+        steps["dropped_after_steps"].append(scales_dropped(model))
     return steps
 
 
@@ -158,6 +161,8 @@ def main(out: Path) -> None:
         second_half.fit(resumed, ckpt_path=root / "half.ckpt")
         results[name]["resumed_losses"] = half.losses + resumed.losses
         hooks = len(model._forward_pre_hooks)
+        # float8.py hooks only optimizers that hold float8-gathered weights
+        results[name]["optimizer_step_hooks"] = len(uninterrupted.optimizers[0]._optimizer_step_post_hooks)
         if all_gather:
             results[name]["scales_in_steps"] = model.scales_in_steps
             results[name]["dropped_after_steps"] = model.dropped_after_steps
