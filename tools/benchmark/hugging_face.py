@@ -20,6 +20,13 @@ rest run uncompiled), where without it one graph serves all. ``--no-cache`` alon
 dynamic tensorwise scales; the output layer stays in bf16) in ``configure_model``, before compiling, as a user opts
 in: ``all-gather`` also has FSDP2 gather those weights in float8. MFU stays counted against the bf16 dense peak, so
 that float8 and bf16 runs compare by it.
+
+``--text DIR`` trains on the bytes of the ``.py`` files under DIR (token ids 0 to 255, windows one after another)
+instead of random tokens, from which a model learns nothing: loss curves to compare, bf16 against float8 say, with
+another ``--seed`` for the spread between two runs alike. The record then keeps every step's loss.
+
+    python -m tools.benchmark.hugging_face --size 1b --strategy fsdp --devices 2 --compile --steps 600 \\
+        --lr 3e-4 --text "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" --float8 tensorwise
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_strategies.speed import flops_per_token, whole_numel
@@ -70,15 +77,43 @@ class Tokens(Dataset):
         return torch.randint(0, VOCABULARY[self.size], (self.length,), generator=torch.Generator().manual_seed(index))
 
 
+class Text(Dataset):
+    """Windows of ``length`` bytes, one after another, of the ``.py`` files under ``folder`` (sorted by path), as
+    token ids 0 to 255 (modulo a smaller vocabulary)."""
+
+    def __init__(self, folder: Path, length: int, count: int, vocabulary: int) -> None:
+        needed = length * count
+        data = bytearray()
+        for file in sorted(folder.rglob("*.py")):
+            data += file.read_bytes()
+            if len(data) >= needed:
+                break
+        if len(data) < needed:
+            raise SystemExit(
+                f"--text {folder}: its .py files hold {len(data):,} bytes, and {needed:,} are needed "
+                f"({count} sequences of {length}). Give a larger folder, or fewer --steps."
+            )
+        self.tokens = torch.frombuffer(data[:needed], dtype=torch.uint8)
+        self.length, self.count, self.vocabulary = length, count, vocabulary
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.tokens[index * self.length : (index + 1) * self.length].long() % self.vocabulary
+
+
 class Llama(LightningModule):
     def __init__(
         self, size: str, pretrained: str | None, optimizer: str, batch: int, length: int, steps: int,
-        compile_layers: bool = False, use_cache: bool = True, float8: str | None = None,
+        compile_layers: bool = False, use_cache: bool = True, float8: str | None = None, lr: float = 1e-5,
+        text: Path | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         self.size, self.pretrained, self.optimizer_name = size, pretrained, optimizer
         self.batch, self.length, self.steps = batch, length, steps
         self.compile_layers, self.use_cache, self.float8 = compile_layers, use_cache, float8
+        self.lr, self.text = lr, text
         self.model: Any = None
         self.parameters_whole = 0
         self.flops_per_token = 0
@@ -113,14 +148,17 @@ class Llama(LightningModule):
         if self.optimizer_name == "hybrid":
             from colossalai.nn.optimizer import HybridAdam
 
-            return HybridAdam(self.parameters(), lr=1e-5)
+            return HybridAdam(self.parameters(), lr=self.lr)
         if self.optimizer_name == "deepspeed_cpu_adam":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(self.parameters(), lr=1e-5, adamw_mode=True)
-        return torch.optim.AdamW(self.parameters(), lr=1e-5, fused=self.device.type == "cuda")
+            return DeepSpeedCPUAdam(self.parameters(), lr=self.lr, adamw_mode=True)
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, fused=self.device.type == "cuda")
 
     def train_dataloader(self) -> DataLoader:
+        if self.text is not None:  # each sequence once
+            count = self.batch * self.steps * self.trainer.world_size
+            return DataLoader(Text(self.text, self.length, count, VOCABULARY[self.size]), batch_size=self.batch)
         return DataLoader(Tokens(self.size, self.length, self.batch * self.steps * 8), batch_size=self.batch)
 
 
@@ -254,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--float8", choices=("tensorwise", "all-gather"), help="float8 matmuls through torchao in the decoder layers"
     )
+    parser.add_argument("--lr", type=float, default=1e-5, help="the optimizer's learning rate, constant")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model's initialisation")
+    parser.add_argument("--text", type=Path, help="train on the bytes of the .py files under this folder")
     parser.add_argument("--out", default="hugging_face.jsonl")
     arguments = parser.parse_args(argv)
     if arguments.write_pretrained:
@@ -274,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     arguments.evicted = arguments.cold and "LOCAL_RANK" not in os.environ
     if arguments.evicted:
         evict_from_page_cache(Path(arguments.pretrained))
+    seed_everything(arguments.seed, verbose=False)
     memory = MachineMemory()
     memory.start()
     # What each backend's offload needs: DeepSpeed refuses torch's optimizers with an offload of its own.
@@ -285,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     module = Llama(
         arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps,
         compile_layers=arguments.compile, use_cache=not (arguments.no_cache or arguments.compile),
-        float8=arguments.float8,
+        float8=arguments.float8, lr=arguments.lr, text=arguments.text,
     )  # fmt: skip
     trainer = Trainer(
         strategy=strategy_for(arguments.strategy, arguments.options), accelerator=arguments.accelerator,
@@ -320,7 +362,8 @@ def record(
     result = {
         "strategy": arguments.strategy, "options": arguments.options, "size": arguments.size,
         "steps": arguments.steps, "compiled_layers": arguments.compile, "use_cache": module.use_cache,
-        "float8": arguments.float8,
+        "float8": arguments.float8, "lr": arguments.lr, "seed": arguments.seed,
+        "data": str(arguments.text) if arguments.text else "random tokens",
         # Settings read from the environment that change set-up or memory.
         "environment": {name: os.environ.get(name) for name in ("THP_MEM_ALLOC_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")},
         "parameters": parameters, "devices": trainer.world_size,
@@ -332,6 +375,7 @@ def record(
         "mfu": round(throughput * flops / trainer.world_size / peak, 4) if throughput and peak else None,
         "first_loss": timeline.losses[0] if timeline.losses else None,
         "last_loss": timeline.losses[-1] if timeline.losses else None,
+        "losses": [round(loss, 4) for loss in timeline.losses] if arguments.text else None,
         "peak_gpu_reserved_gib": round((peaks["peak_gpu_reserved_bytes"] or 0) / 2**30, 1),
         "peak_rank_rss_gib": round(peaks["peak_host_rss_bytes"] / 2**30, 1),
         "machine_memory_rise_gib": round((memory.peak - memory.baseline) / 2**30, 1),
