@@ -2,13 +2,16 @@
 
     python -m tools.benchmark.hugging_face_suite run --size 8b --devices 4 --repeats 3 --out results
     python -m tools.benchmark.hugging_face_suite page results/hugging-face-8b.jsonl --out results/hugging-face-8b.md
+    python -m tools.benchmark.hugging_face_suite curves results/curves.jsonl --out results/curves.png
 
 ``run`` runs every configuration (``--only`` picks some) once a round for ``--repeats`` rounds, so that a drift of
 the machine (clocks, temperature, page cache) touches each alike. Each run is a fresh launch of
 ``tools.benchmark.hugging_face`` with a time limit (``--timeout``): its console goes to ``OUT/logs``, its record is
 appended to ``OUT/hugging-face-SIZE.jsonl`` as it ends, and a run that fails or runs out of time is noted in
 ``OUT/failures.jsonl``, so a session cut short keeps what it measured. ``page`` turns records into a table (median
-tokens/s, lowest to highest, MFU, set-up seconds, GPU and host peaks) and a plot of tokens/s beside it.
+tokens/s, lowest to highest, MFU, set-up seconds, GPU and host peaks) and a plot of tokens/s beside it. ``curves``
+takes records of runs on text (``hugging_face --text``) and prints a table of each run's mean loss over its first
+and last tenth of the steps, with a plot of the loss curves.
 """
 
 from __future__ import annotations
@@ -183,6 +186,70 @@ def _plot(table: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def curve_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run on text: its speed and its mean loss over the second and the last tenth of its steps (the first
+    tenth falls from the initial loss too fast to compare)."""
+    result = []
+    for record in records:
+        losses, tenth = record["losses"], len(record["losses"]) // 10
+        result.append({
+            "size": record["size"], "devices": record["devices"], "matmuls": _matmuls(record), "seed": record["seed"],
+            "steps": len(losses), "tokens_per_second": record["tokens_per_second"], "mfu": record["mfu"],
+            "early_loss": round(statistics.fmean(losses[tenth : 2 * tenth]), 3),
+            "final_loss": round(statistics.fmean(losses[-tenth:]), 3),
+        })  # fmt: skip
+    return result
+
+
+def _matmuls(record: dict[str, Any]) -> str:
+    return f"float8 ({record['float8']})" if record.get("float8") else "bf16"
+
+
+def curves(paths: list[Path], out: Path) -> str:
+    """The table of ``curve_rows`` in markdown, and the loss curves plotted to ``out``."""
+    records = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    records = [record for record in records if record.get("losses")]
+    if not records:
+        raise SystemExit(f"No records of runs on text in {', '.join(map(str, paths))}: run hugging_face --text.")
+    lines = [
+        "| size | GPUs | matmuls | seed | steps | tokens/s | MFU | mean loss, second tenth | mean loss, last tenth |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in sorted(curve_rows(records), key=lambda row: (row["size"], row["seed"], row["matmuls"])):
+        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else ""
+        lines.append(
+            f"| {row['size']} | {row['devices']} | {row['matmuls']} | {row['seed']} | {row['steps']} | "
+            f"{row['tokens_per_second']:,} | {mfu} | {row['early_loss']} | {row['final_loss']} |"
+        )
+    _plot_curves(records, out)
+    return "\n".join(lines)
+
+
+def _plot_curves(records: list[dict[str, Any]], path: Path, smoothing: int = 10) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(dict.fromkeys(record["size"] for record in records))
+    figure, panels = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
+    for panel, size in zip(panels[0], sizes, strict=True):
+        for record in (record for record in records if record["size"] == size):
+            losses = record["losses"]
+            smoothed = [statistics.fmean(losses[max(0, i - smoothing + 1) : i + 1]) for i in range(len(losses))]
+            style = "--" if record.get("float8") else "-"
+            label = f"{_matmuls(record)}, seed {record['seed']}"
+            panel.plot(range(1, len(losses) + 1), smoothed, style, label=label)
+        panel.set_title(f"Llama {size}, {records[0]['devices']} GPUs")
+        panel.set_xlabel("step")
+        panel.set_ylabel(f"loss (mean of the last {smoothing} steps)")
+        panel.set_ylim(top=5)
+        panel.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -201,9 +268,14 @@ def main(argv: list[str] | None = None) -> None:
     writer = commands.add_parser("page", help="write the page of records")
     writer.add_argument("records", nargs="+", type=Path)
     writer.add_argument("--out", type=Path, required=True, help="the page's file (.md); the plot goes beside it")
+    curve_writer = commands.add_parser("curves", help="tabulate and plot the loss curves of runs on text")
+    curve_writer.add_argument("records", nargs="+", type=Path)
+    curve_writer.add_argument("--out", type=Path, required=True, help="the plot's file (.png)")
     arguments = parser.parse_args(argv)
     if arguments.command == "run":
         run(arguments)
+    elif arguments.command == "curves":
+        print(curves(arguments.records, arguments.out))
     else:
         print(page(arguments.records, arguments.out))
 

@@ -523,6 +523,52 @@ def test_the_float8_medians_the_docs_state_are_the_records() -> None:
     assert statistics.median(record["tokens_per_second"] for record in before) == 23929.5
 
 
+def test_runs_on_text_keep_every_loss_and_their_curves_are_tabulated_and_plotted(tmp_path: Path) -> None:
+    """A tiny Llama learns the bytes of a folder's .py files on one CPU process: each loss is kept, the curves page
+    gives the run's row and a plot; a folder too small for the run is refused, naming what it holds and needs."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    from tools.benchmark import hugging_face
+    from tools.benchmark import hugging_face_suite as suite
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "a.py").write_text("def add(a, b):\n    return a + b\n" * 40)
+    (text / "b.py").write_text("print('hello')\n" * 40)
+    (text / "notes.txt").write_text("not read")
+    common = ["--size", "tiny", "--strategy", "auto", "--accelerator", "cpu", "--precision", "32-true",
+              "--batch", "2", "--length", "32", "--lr", "1e-2", "--text", str(text)]  # fmt: skip
+    out = tmp_path / "curves.jsonl"
+    hugging_face.main([*common, "--steps", "20", "--out", str(out)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (len(record["losses"]), record["data"], record["seed"]) == (20, str(text), 0)
+    assert statistics.fmean(record["losses"][-2:]) < statistics.fmean(record["losses"][2:4])  # it learns
+    table = suite.curves([out], tmp_path / "curves.png")
+    (row,) = suite.curve_rows([record])
+    assert f"| tiny | 1 | bf16 | 0 | 20 | {row['tokens_per_second']:,} |" in table
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="hold 1,880 bytes, and 64,000 are needed"):
+        hugging_face.Text(text, 32, 2000, 128)
+
+
+def test_the_loss_curves_the_docs_state_are_the_records() -> None:
+    """docs/hugging-face.md's table of float8 against bf16 on text: each row computed from its record."""
+    from tools.benchmark import hugging_face_suite as suite
+
+    record = REPOSITORY / "docs" / "results" / "2026-11-29-h200x2-float8-loss-curves.jsonl"
+    records = [json.loads(line) for line in record.read_text().splitlines()]
+    docs = (REPOSITORY / "docs" / "hugging-face.md").read_text()
+    rows = suite.curve_rows(records)
+    assert len(rows) == 6
+    for row in rows:
+        line = (
+            f"| {row['size'].upper()} | {row['matmuls'].split()[0]} | {row['seed']} | {row['steps']} | "
+            f"{row['tokens_per_second']:,} | {100 * row['mfu']:.1f}% | {row['early_loss']:.3f} | "
+            f"{row['final_loss']:.3f} |"
+        )
+        assert line in docs
+
+
 def _kept_parts(folder: Path) -> Path:
     """The folders `reproduce run` fills, from sessions kept in docs/results: the four-GPU scaling session, the
     Hugging Face 8B on four GPUs and two 13B offload rounds on one GPU."""
