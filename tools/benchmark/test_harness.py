@@ -521,6 +521,11 @@ def test_the_float8_medians_the_docs_state_are_the_records() -> None:
         "fsdp compiled, float8 gathers": (3, 26400, 64.4),
     }
     assert statistics.median(record["tokens_per_second"] for record in before) == 23929.5
+    later = REPOSITORY / "docs" / "results" / "2026-11-29-h200x2-hugging-face-8b-float8-53f5f1a.jsonl"
+    runs = [
+        (record["float8"], record["tokens_per_second"]) for record in map(json.loads, later.read_text().splitlines())
+    ]
+    assert runs == [("all-gather", 26316), ("tensorwise", 26623), ("all-gather", 26083)]
 
 
 def test_runs_on_text_keep_every_loss_and_their_curves_are_tabulated_and_plotted(tmp_path: Path) -> None:
