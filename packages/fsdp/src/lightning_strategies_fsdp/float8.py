@@ -70,10 +70,9 @@ def scale_float8_weights_before(root: nn.Module, methods: tuple[str, ...] = ("fo
 
 def drop_float8_scales_after_steps(optimizer: Optimizer) -> None:
     """After each step of ``optimizer`` the scales computed ahead for its float8-gathered weights are stale: drop them,
-    so that a gather before the next computation ahead takes its own. An optimizer without such weights is left as
-    it is."""
-    if next(_float8_gathered(_optimized(optimizer)), None) is not None:
-        optimizer.register_step_post_hook(_forget_float8_scales)
+    so that a gather before the next computation ahead takes its own. Hooked whatever it holds now: float8 weights
+    may join it later (``add_param_group``, as Lightning's ``BaseFinetuning`` unfreezes a backbone)."""
+    optimizer.register_step_post_hook(_forget_float8_scales)
 
 
 def _optimized(optimizer: Optimizer) -> Iterator[Tensor]:
