@@ -25,8 +25,8 @@ that float8 and bf16 runs compare by it.
 instead of random tokens, from which a model learns nothing: loss curves to compare, bf16 against float8 say, with
 another ``--seed`` for the spread between two runs alike. The record then keeps every step's loss.
 
-    python -m tools.benchmark.hugging_face --size 1b --strategy fsdp --devices 2 --compile --steps 600 \\
-        --lr 3e-4 --text "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" --float8 tensorwise
+    python -m tools.benchmark.hugging_face --size 1b --strategy fsdp --devices 2 --compile --steps 500 \\
+        --lr 1e-4 --text "$(python -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')" --float8 tensorwise
 """
 
 from __future__ import annotations
@@ -293,7 +293,12 @@ def main(argv: list[str] | None = None) -> None:
         "--float8", choices=("tensorwise", "all-gather"), help="float8 matmuls through torchao in the decoder layers"
     )
     parser.add_argument("--lr", type=float, default=1e-5, help="the optimizer's learning rate, constant")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the model's initialisation")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds torch, numpy and random: the initialisation of a model from its config",
+    )
     parser.add_argument("--text", type=Path, help="train on the bytes of the .py files under this folder")
     parser.add_argument("--out", default="hugging_face.jsonl")
     arguments = parser.parse_args(argv)
@@ -307,6 +312,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--options takes a JSON object of settings, for a strategy name of this project")
     if arguments.float8 == "all-gather" and not arguments.strategy.startswith("fsdp"):
         parser.error("--float8 all-gather gathers float8 weights through FSDP2: pick one of this project's fsdp names")
+    if arguments.text is not None and not arguments.text.is_dir():
+        parser.error(f"--text {arguments.text} is not a folder: give one that holds .py files")
+    if arguments.steps < 1:
+        parser.error("--steps must be 1 or more")
     if arguments.cold and not arguments.pretrained:
         parser.error("--cold drops the --pretrained folder from the page cache: give --pretrained too")
     # Lightning starts the other local ranks by running this script again, with LOCAL_RANK set: only the first run
@@ -364,6 +373,7 @@ def record(
         "steps": arguments.steps, "compiled_layers": arguments.compile, "use_cache": module.use_cache,
         "float8": arguments.float8, "lr": arguments.lr, "seed": arguments.seed,
         "data": str(arguments.text) if arguments.text else "random tokens",
+        "data_bytes": tokens * arguments.steps if arguments.text else None,  # each sequence once
         # Settings read from the environment that change set-up or memory.
         "environment": {name: os.environ.get(name) for name in ("THP_MEM_ALLOC_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")},
         "parameters": parameters, "devices": trainer.world_size,

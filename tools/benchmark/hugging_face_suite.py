@@ -10,7 +10,7 @@ the machine (clocks, temperature, page cache) touches each alike. Each run is a 
 appended to ``OUT/hugging-face-SIZE.jsonl`` as it ends, and a run that fails or runs out of time is noted in
 ``OUT/failures.jsonl``, so a session cut short keeps what it measured. ``page`` turns records into a table (median
 tokens/s, lowest to highest, MFU, set-up seconds, GPU and host peaks) and a plot of tokens/s beside it. ``curves``
-takes records of runs on text (``hugging_face --text``) and prints a table of each run's mean loss over its first
+takes records of runs on text (``hugging_face --text``) and prints a table of each run's mean loss over its second
 and last tenth of the steps, with a plot of the loss curves.
 """
 
@@ -191,7 +191,7 @@ def curve_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     tenth falls from the initial loss too fast to compare)."""
     result = []
     for record in records:
-        losses, tenth = record["losses"], len(record["losses"]) // 10
+        losses, tenth = record["losses"], max(1, len(record["losses"]) // 10)
         result.append({
             "size": record["size"], "devices": record["devices"], "matmuls": _matmuls(record), "seed": record["seed"],
             "steps": len(losses), "tokens_per_second": record["tokens_per_second"], "mfu": record["mfu"],
@@ -240,7 +240,8 @@ def _plot_curves(records: list[dict[str, Any]], path: Path, smoothing: int = 10)
             style = "--" if record.get("float8") else "-"
             label = f"{_matmuls(record)}, seed {record['seed']}"
             panel.plot(range(1, len(losses) + 1), smoothed, style, label=label)
-        panel.set_title(f"Llama {size}, {records[0]['devices']} GPUs")
+        devices = sorted({record["devices"] for record in records if record["size"] == size})
+        panel.set_title(f"Llama {size}, {' or '.join(map(str, devices))} GPUs")
         panel.set_xlabel("step")
         panel.set_ylabel(f"loss (mean of the last {smoothing} steps)")
         panel.set_ylim(top=5)

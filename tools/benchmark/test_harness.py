@@ -552,8 +552,13 @@ def test_runs_on_text_keep_every_loss_and_their_curves_are_tabulated_and_plotted
     (row,) = suite.curve_rows([record])
     assert f"| tiny | 1 | bf16 | 0 | 20 | {row['tokens_per_second']:,} |" in table
     assert (tmp_path / "curves.png").stat().st_size > 0
+    assert record["data_bytes"] == 20 * 2 * 32
+    (short,) = suite.curve_rows([{**record, "losses": record["losses"][:5]}])  # under ten steps: a step a tenth
+    assert short["final_loss"] == round(record["losses"][4], 3)
     with pytest.raises(SystemExit, match="hold 1,880 bytes, and 64,000 are needed"):
         hugging_face.Text(text, 32, 2000, 128)
+    with pytest.raises(SystemExit):  # a file, not a folder: refused before anything is built
+        hugging_face.main([*common[:-1], str(text / "a.py"), "--out", str(out)])
 
 
 def test_the_loss_curves_the_docs_state_are_the_records() -> None:
