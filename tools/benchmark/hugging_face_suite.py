@@ -195,7 +195,7 @@ def curve_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         result.append({
             "size": record["size"], "devices": record["devices"], "matmuls": _matmuls(record), "seed": record["seed"],
             "steps": len(losses), "tokens_per_second": record["tokens_per_second"], "mfu": record["mfu"],
-            "early_loss": round(statistics.fmean(losses[tenth : 2 * tenth]), 3),
+            "early_loss": round(statistics.fmean(losses[tenth : 2 * tenth] or losses[:1]), 3),
             "final_loss": round(statistics.fmean(losses[-tenth:]), 3),
         })  # fmt: skip
     return result
@@ -216,10 +216,11 @@ def curves(paths: list[Path], out: Path) -> str:
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in sorted(curve_rows(records), key=lambda row: (row["size"], row["seed"], row["matmuls"])):
+        speed = f"{row['tokens_per_second']:,}" if row["tokens_per_second"] else ""  # untimed under four steps
         mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else ""
         lines.append(
             f"| {row['size']} | {row['devices']} | {row['matmuls']} | {row['seed']} | {row['steps']} | "
-            f"{row['tokens_per_second']:,} | {mfu} | {row['early_loss']} | {row['final_loss']} |"
+            f"{speed} | {mfu} | {row['early_loss']} | {row['final_loss']} |"
         )
     _plot_curves(records, out)
     return "\n".join(lines)

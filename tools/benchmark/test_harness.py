@@ -528,7 +528,9 @@ def test_the_float8_medians_the_docs_state_are_the_records() -> None:
     assert runs == [("all-gather", 26316), ("tensorwise", 26623), ("all-gather", 26083)]
 
 
-def test_runs_on_text_keep_every_loss_and_their_curves_are_tabulated_and_plotted(tmp_path: Path) -> None:
+def test_runs_on_text_keep_every_loss_and_their_curves_are_tabulated_and_plotted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A tiny Llama learns the bytes of a folder's .py files on one CPU process: each loss is kept, the curves page
     gives the run's row and a plot; a folder too small for the run is refused, naming what it holds and needs."""
     pytest.importorskip("transformers")
@@ -555,10 +557,16 @@ def test_runs_on_text_keep_every_loss_and_their_curves_are_tabulated_and_plotted
     assert record["data_bytes"] == 20 * 2 * 32
     (short,) = suite.curve_rows([{**record, "losses": record["losses"][:5]}])  # under ten steps: a step a tenth
     assert short["final_loss"] == round(record["losses"][4], 3)
+    one_step = tmp_path / "one-step.jsonl"  # too short to be timed: no speed, one loss for both tenths
+    one_step.write_text(json.dumps({**record, "losses": record["losses"][:1], "tokens_per_second": None}))
+    loss = round(record["losses"][0], 3)
+    assert f"| tiny | 1 | bf16 | 0 | 1 |  |  | {loss} | {loss} |" in suite.curves([one_step], tmp_path / "one.png")
     with pytest.raises(SystemExit, match="hold 1,880 bytes, and 64,000 are needed"):
         hugging_face.Text(text, 32, 2000, 128)
-    with pytest.raises(SystemExit):  # a file, not a folder: refused before anything is built
-        hugging_face.main([*common[:-1], str(text / "a.py"), "--out", str(out)])
+    for wrong, told in (["--text", str(text / "a.py")], "is not a folder"), (["--steps", "0"], "--steps must be"):
+        with pytest.raises(SystemExit):  # refused before anything is built
+            hugging_face.main([*common, *wrong, "--out", str(out)])
+        assert told in capsys.readouterr().err
 
 
 def test_the_loss_curves_the_docs_state_are_the_records() -> None:

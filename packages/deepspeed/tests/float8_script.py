@@ -1,6 +1,8 @@
 """A Hugging Face Llama read with from_pretrained and converted to torchao's float8 training in configure_model (as
 a user opts in), trained six steps under ``ddp`` and then under ``deepspeed_stage_3`` on two CPU processes, from the
-same weights and batches. Rank 0 writes {strategy: losses} as JSON to OUT.
+same weights and batches. Rank 0 writes {strategy: {"losses", "float8_layers", "partitioned"}} as JSON to OUT:
+at the first step, how many float8 layers the model has, and whether ZeRO-3 holds each of their weights as a
+partition (a ``ds_id``, and a local part smaller than the whole).
 
     python float8_script.py PRETRAINED_FOLDER OUT
 """
@@ -16,6 +18,8 @@ import torch
 import transformers
 from torch.utils.data import DataLoader
 
+from lightning_strategies.conformance.launching import end_process_group
+
 STEPS = 6
 
 
@@ -25,6 +29,8 @@ class Float8Llama(L.LightningModule):
         self.pretrained = pretrained
         self.model: torch.nn.Module | None = None
         self.losses: list[float] = []
+        self.float8_layers = 0
+        self.partitioned = False
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -35,6 +41,14 @@ class Float8Llama(L.LightningModule):
         convert_to_float8_training(self.model.model)  # the decoder layers; the head stays
 
     def training_step(self, batch: torch.Tensor, batch_index: int) -> torch.Tensor:
+        if batch_index == 0:
+            from torchao.float8.float8_linear import Float8Linear
+
+            weights = [module.weight for module in self.model.modules() if isinstance(module, Float8Linear)]
+            self.float8_layers = len(weights)
+            self.partitioned = all(
+                hasattr(weight, "ds_id") and 0 < weight.ds_tensor.numel() < weight.ds_numel for weight in weights
+            )
         loss = self.model(input_ids=batch, labels=batch).loss
         self.losses.append(float(loss))
         return loss
@@ -47,7 +61,7 @@ class Float8Llama(L.LightningModule):
 
 
 def main(pretrained: Path, out: Path) -> None:
-    losses = {}
+    results = {}
     for strategy in ("ddp", "deepspeed_stage_3"):
         trainer = L.Trainer(
             strategy=strategy, accelerator="cpu", devices=2, max_steps=STEPS, logger=False,
@@ -55,9 +69,12 @@ def main(pretrained: Path, out: Path) -> None:
         )  # fmt: skip
         model = Float8Llama(pretrained)
         trainer.fit(model)
-        losses[strategy] = model.losses
+        results[strategy] = {
+            "losses": model.losses, "float8_layers": model.float8_layers, "partitioned": model.partitioned
+        }  # fmt: skip
     if torch.distributed.get_rank() == 0:
-        out.write_text(json.dumps(losses))
+        out.write_text(json.dumps(results))
+    end_process_group()  # the engine holds the group's communicators
 
 
 if __name__ == "__main__":

@@ -75,12 +75,8 @@ def drop_float8_scales_after_steps(optimizer: Optimizer) -> None:
     optimizer.register_step_post_hook(_forget_float8_scales)
 
 
-def _optimized(optimizer: Optimizer) -> Iterator[Tensor]:
-    return (parameter for group in optimizer.param_groups for parameter in group["params"])
-
-
 def _forget_float8_scales(optimizer: Optimizer, args: Any, kwargs: Any) -> None:
-    for local in _float8_gathered(_optimized(optimizer)):
+    for local in _float8_gathered(parameter for group in optimizer.param_groups for parameter in group["params"]):
         local._precomputed_scale = None  # type: ignore[attr-defined]
 
 
