@@ -125,7 +125,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def page(paths: list[Path], out: Path) -> str:
     """The markdown page of the records in ``paths``, written to ``out`` with its plot beside it; returned too."""
-    records = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    records = report.read_jsonl(paths)
     if not records:
         raise SystemExit(f"No records in {', '.join(map(str, paths))}: nothing was measured.")
     first = records[0]
@@ -207,7 +207,7 @@ def _matmuls(record: dict[str, Any]) -> str:
 
 def curves(paths: list[Path], out: Path) -> str:
     """The table of ``curve_rows`` in markdown, and the loss curves plotted to ``out``."""
-    records = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    records = report.read_jsonl(paths)
     records = [record for record in records if record.get("losses")]
     if not records:
         raise SystemExit(f"No records of runs on text in {', '.join(map(str, paths))}: run hugging_face --text.")

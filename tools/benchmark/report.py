@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,11 @@ Reproduce on a GPU machine (see tools/benchmark/README.md), then `python -m tool
 """
 
 
+def read_jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The records of JSON-lines files, one per non-empty line, in order."""
+    return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+
+
 def load_sessions(results: Path) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     sessions = []
     for summary_path in sorted(results.glob("*.summary.json")):
@@ -148,8 +154,7 @@ def load_sessions(results: Path) -> list[tuple[dict[str, Any], list[dict[str, An
                 f"{summary_path} names its records {records.name}, which is not in {results}: copy the .jsonl of "
                 "that session beside it, or set its results_file to the name the records were copied under."
             )
-        lines = records.read_text().splitlines()
-        sessions.append((summary, [json.loads(line) for line in lines if line.strip()]))
+        sessions.append((summary, read_jsonl([records])))
     # Newest first.
     sessions.sort(key=lambda session: session[0].get("started", ""), reverse=True)
     return sessions

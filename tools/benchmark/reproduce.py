@@ -93,10 +93,6 @@ def run(arguments: argparse.Namespace) -> None:
     print(page(out))
 
 
-def _jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
-
-
 def _spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -219,7 +215,7 @@ def _scaling_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
 
 def _hugging_face_section(out: Path) -> tuple[list[str], list[dict[str, Any]]]:
     paths = sorted((out / "hugging-face").glob("hugging-face-*.jsonl"))
-    records = _jsonl(paths)
+    records = report.read_jsonl(paths)
     if not records:
         return ["Not measured (no records in hugging-face/)."], []
     table = hugging_face_suite.page(paths, out / "hugging-face" / "page.md").splitlines()
@@ -300,7 +296,7 @@ def page(out: Path) -> str:
     parts = out / "parts.jsonl"
     if parts.exists():
         lines += ["## How they were taken", "", "From the repository root, in this order:", "", "```bash"]
-        ended = _jsonl([parts])
+        ended = report.read_jsonl([parts])
         lines += [entry["command"] for entry in ended]
         lines += ["```", ""]
         failed = [entry for entry in ended if entry["exit"] != 0]
