@@ -96,6 +96,8 @@ def build_strategy(run: dict, nvme_path: str):
         options.update(offload_optimizer=run["offload_ratio"], sub_group_size=50_000)
     if run.get("fp32_host_gradients"):
         options["offloaded_gradients_in_fp32"] = True
+    if run.get("gradients_on_gpu"):
+        options["offloaded_gradients_on_gpu"] = True
     return entry.load_class()(**options)
 
 
@@ -173,7 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", required=True, help="JSON list of runs: strategy, devices, precision, steps, "
                         "accelerator, clip, resume, resume_from (a checkpoint to fit from), config_optimizer, "
-                        "offload_ratio, accumulate")  # fmt: skip
+                        "offload_ratio, accumulate, fp32_host_gradients, gradients_on_gpu")  # fmt: skip
     parser.add_argument("--folder", required=True, help="NVMe offload and checkpoints go below it")
     parser.add_argument("--out", required=True, help="JSON results, one per run, written after each run")
     arguments = parser.parse_args()
@@ -198,6 +200,7 @@ def run_key(run: dict) -> str:
     options += [f"offload{run['offload_ratio']}"] if run.get("offload_ratio") else []
     options += [f"accumulate{run['accumulate']}"] if run.get("accumulate") else []
     options += ["fp32-host-gradients"] if run.get("fp32_host_gradients") else []
+    options += ["gradients-on-gpu"] if run.get("gradients_on_gpu") else []
     options += ["resumed"] if run.get("resume_from") else []
     return "-".join([run["strategy"], f"{run['devices']}gpu", *options])
 

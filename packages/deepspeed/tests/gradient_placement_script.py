@@ -7,6 +7,8 @@ test_gradient_buffers.py):
 - "hosted": as if backward ran on a GPU (a stand-in: no GPU here), so every slot goes to the 16-bit host buffer.
 - "hosted-fp32": the same with offloaded_gradients_in_fp32, so every slot goes into its sub-group's fp32 gradient
   on the host.
+- "hosted-accumulating": the same with offloaded_gradients_on_gpu, so every slot goes to one 16-bit buffer where
+  backward runs (the CPU here, standing in for the GPU), copied to the fp32 gradients once an optimizer step.
 - "deepspeed": DeepSpeed's own all-parameter buffer, left in place.
 """
 
@@ -52,12 +54,16 @@ def placement_for(way: str):
     """The strategy's placement call for ``way``, recording what it returns."""
     device = torch.device("cuda") if way.startswith("hosted") else None
 
-    def place(optimizer, training_device, in_fp32=False):
+    def place(optimizer, training_device, in_fp32=False, accumulate_on=None):
         if way == "deepspeed":
             placement = None
         else:
             placement = gradient_buffers.keep_gradients_with_their_optimizer(
-                optimizer, device or training_device, pin=False, in_fp32=in_fp32 or way == "hosted-fp32"
+                optimizer,
+                device or training_device,
+                pin=False,
+                in_fp32=in_fp32 or way == "hosted-fp32",
+                accumulate_on=training_device if way == "hosted-accumulating" else accumulate_on,
             )
         placements.append(placement)
         return placement
@@ -103,7 +109,7 @@ def train(way: str) -> dict:
 
 
 def main() -> None:
-    results = {way: train(way) for way in ("kept", "hosted", "hosted-fp32", "deepspeed")}
+    results = {way: train(way) for way in ("kept", "hosted", "hosted-fp32", "hosted-accumulating", "deepspeed")}
     with open(sys.argv[1], "w") as file:
         json.dump(results, file)
 

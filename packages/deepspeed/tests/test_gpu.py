@@ -81,6 +81,15 @@ def one_gpu(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
             "resume": True,
             "fp32_host_gradients": True,
         },
+        # The same with the offloaded share accumulating on the GPU until the optimizer step.
+        {
+            "strategy": "deepspeed_stage_3",
+            "devices": 1,
+            "offload_ratio": 0.5,
+            "accumulate": 2,
+            "resume": True,
+            "gradients_on_gpu": True,
+        },
     ]
     runs += [{"strategy": name, "devices": 1} for name in ORDERED_NAMES]
     environment = {**clean_environment(), "TORCH_CUDA_ARCH_LIST": "9.0a"}
@@ -125,14 +134,24 @@ def test_fused_adam_builds_with_hopper_arch_list(one_gpu):
     succeeded(one_gpu, "deepspeed_stage_2-1gpu-bf16-mixed-fused")
 
 
-@pytest.mark.parametrize(("suffix", "host_dtype"), [("", "torch.bfloat16"), ("-fp32-host-gradients", "torch.float32")])
-def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(one_gpu, suffix, host_dtype):
+@pytest.mark.parametrize(
+    ("suffix", "dtypes"),
+    [
+        ("", {"cpu": ["torch.bfloat16"], "cuda": ["torch.float32"]}),
+        ("-fp32-host-gradients", {"cpu": ["torch.float32"], "cuda": ["torch.float32"]}),
+        ("-gradients-on-gpu", {"cpu": [], "cuda": ["torch.bfloat16", "torch.float32"]}),
+    ],
+)
+def test_partial_offload_keeps_each_gradient_beside_its_optimizer_and_resumes(one_gpu, suffix, dtypes):
     result = succeeded(one_gpu, f"deepspeed_stage_3-1gpu-bf16-mixed-offload0.5-accumulate2{suffix}")
     slots = result["gradient_slots"]
     # The GPU-held sub-groups' slots are their fp32 gradients there; the offloaded ones share one pinned 16-bit
-    # buffer, or with offloaded_gradients_in_fp32 are their pinned fp32 gradients on the host.
-    assert slots.get("cuda", 0) > 0 and slots.get("cpu", 0) > 0 and slots["host_pinned"], slots
-    assert slots["dtypes"] == {"cpu": [host_dtype], "cuda": ["torch.float32"]}, slots
+    # buffer, or with offloaded_gradients_in_fp32 are their pinned fp32 gradients on the host, or with
+    # offloaded_gradients_on_gpu share one 16-bit buffer on the GPU.
+    on_host = dtypes["cpu"] != []
+    assert slots.get("cuda", 0) > 0 and (slots.get("cpu", 0) > 0) == on_host, slots
+    assert slots["host_pinned"] == on_host, slots
+    assert slots["dtypes"] == dtypes, slots
     assert result["resumed_gradient_slots"] == slots  # a new Trainer that resumes places them the same way
     assert result["saved_tag_file"] and (result["resumed_global_step"], result["resumed_steps_run"]) == (20, 20)
     assert result["resumed_last_loss"] < result["first_loss"] and result["test_loss"] < result["first_loss"]

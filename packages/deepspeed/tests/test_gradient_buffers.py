@@ -46,7 +46,17 @@ def test_gradients_of_offloaded_sub_groups_get_a_host_buffer_of_their_size(ways)
     assert not hosted["placement"]["host_in_fp32"] and ways["hosted-fp32"]["placement"]["host_in_fp32"]
 
 
-@pytest.mark.parametrize("way", ["kept", "hosted", "hosted-fp32"])
+def test_offloaded_gradients_on_gpu_accumulate_in_a_buffer_where_backward_runs(ways):
+    """The buffer is on the training device (the CPU stands in for the GPU here), the fp32 gradients on the host
+    receive the sum once a step, and nothing of the offloaded share sits in a host slot."""
+    run = ways["hosted-accumulating"]
+    assert run["slots_in_fp32_gradients"] == 0
+    assert run["deepspeed_buffer_elements"] == run["parameter_elements"]
+    assert run["placement"]["device_elements"] == run["parameter_elements"]
+    assert run["placement"]["host_elements"] == run["placement"]["kept_elements"] == 0
+
+
+@pytest.mark.parametrize("way", ["kept", "hosted", "hosted-fp32", "hosted-accumulating"])
 def test_training_is_what_deepspeeds_own_buffers_give(ways, way):
     reference = ways["deepspeed"]
     assert len(reference["losses"]) == 6  # 3 optimizer steps of 2 micro-batches

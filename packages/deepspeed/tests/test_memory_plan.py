@@ -15,6 +15,7 @@ from conftest import clean_environment
 from lightning_strategies.parameters import ObsoleteParameterWarning
 from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes, unfound_evidence
 from lightning_strategies_deepspeed import config as settings
+from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.memory import (
     FITTED,
     FP32_GRADIENT_BYTES,
@@ -97,9 +98,14 @@ def test_an_offload_ratio_moves_optimizer_bytes_from_gpu_to_host():
         predict(fp16, 1, ZeroSetting(3, 0.5), in_fp32).host_bytes
         == predict(fp16, 1, ZeroSetting(3, 0.5), sub_groups).host_bytes
     )
+    # offloaded_gradients_on_gpu drops the host slots too, and holds the offloaded share's 16-bit gradients on the
+    # GPU instead.
+    on_gpu = predict(workload, 1, ZeroSetting(3, 0.5), {**sub_groups, "offloaded_gradients_on_gpu": True})
+    assert half.host_bytes - on_gpu.host_bytes == pytest.approx(saved, rel=0.001)
+    assert on_gpu.gpu_bytes - half.gpu_bytes == pytest.approx(offloaded(0.5) * SLOT * workload.parameters, rel=0.001)
     # fp32 training accumulates in 4-byte slots.
     fp32 = dataclasses.replace(workload, precision="32-true")
-    slots = host_gradient_slots(fp32, 0.5, {"offloaded_gradients_in_fp32": False})
+    slots = host_gradient_slots(fp32, 0.5, DEFAULTS)
     assert slots == pytest.approx(0.5 * 4 * workload.parameters)
     parameters_too = predict(workload, 1, ZeroSetting(3, 1.0, offload_parameters=True))
     assert parameters_too.gpu_bytes == pytest.approx(full.gpu_bytes - 2 * workload.parameters, rel=0.01)
@@ -149,6 +155,23 @@ def test_the_plan_drops_the_16_bit_host_slots_only_where_the_host_needs_it():
         assert partial.settings.get("offloaded_gradients_in_fp32", False) is in_fp32
         parameters = {**settings.DEFAULTS, **partial.settings}
         settings.validate_parameters(parameters)  # the strategy takes the plan's settings
+
+
+def test_the_offloaded_gradients_accumulate_on_the_gpu_where_that_needs_no_larger_share():
+    """6.7B at 2048 tokens on one H200: room on the GPU for the offloaded share's 16-bit gradients at the ratio the
+    host slots need. 13.1B at 8 x 1024: none, and the host needs the slots' bytes (fp32 gradients)."""
+    for workload, where in (
+        (Workload.build("6.7B"), "offloaded_gradients_on_gpu"),
+        (
+            Workload.build(layers=40, hidden=5120, micro_batch=8, activation_checkpointing=True),
+            "offloaded_gradients_in_fp32",
+        ),
+    ):
+        (partial,) = [c for c in candidates(workload, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+        assert partial.fits and [name for name in partial.settings if name.startswith("offloaded_")] == [where]
+        if where.endswith("on_gpu"):
+            assert partial.settings["offload_optimizer"] == choose_offload_ratio(workload, ISSUE_MACHINE)
+        settings.validate_parameters({**settings.DEFAULTS, **partial.settings})
 
 
 def test_the_chosen_ratio_is_the_least_that_fits_and_comes_with_sub_groups():

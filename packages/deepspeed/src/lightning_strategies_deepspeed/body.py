@@ -36,7 +36,7 @@ from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import begin_run, check_accelerator, export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
-from lightning_strategies_deepspeed.gradient_buffers import keep_gradients_with_their_optimizer
+from lightning_strategies_deepspeed.gradient_buffers import describe, keep_gradients_with_their_optimizer
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
 from lightning_strategies_deepspeed.partitioned_models import finish_partitioned_models, warn_compiled_modules
 
@@ -123,6 +123,7 @@ class DeepSpeedBody(LightningAttributesMixin):
         pin_memory: bool = False,
         sub_group_size: int = 1_000_000_000_000,
         offloaded_gradients_in_fp32: bool = False,
+        offloaded_gradients_on_gpu: bool = False,
         contiguous_gradients: bool = True,
         overlap_comm: bool = True,
         allgather_partitions: bool = True,
@@ -247,23 +248,23 @@ class DeepSpeedBody(LightningAttributesMixin):
                 lr_scheduler=lr_scheduler,
                 dist_init_required=False,
             )
-        in_fp32 = self.parameters["offloaded_gradients_in_fp32"]
-        placement = keep_gradients_with_their_optimizer(initialized[0].optimizer, self.root_device, in_fp32=in_fp32)
-        if placement is None and in_fp32:
+        in_fp32, on_gpu = (self.parameters[f"offloaded_gradients_{where}"] for where in ("in_fp32", "on_gpu"))
+        placement = keep_gradients_with_their_optimizer(
+            initialized[0].optimizer,
+            self.root_device,
+            in_fp32=in_fp32,
+            accumulate_on=self.root_device if on_gpu else None,
+        )
+        given = [name for name, value in (("in_fp32", in_fp32), ("on_gpu", on_gpu)) if value]
+        if placement is None and given:
             # config.py warns for settings without an optimizer offload; this is what only the engine tells.
             rank_zero_warn(
-                "DeepSpeedStrategy(offloaded_gradients_in_fp32=True) has no effect here: it needs ZeRO stage 3 with "
-                "the optimizer offloaded to host memory and bf16 or fp32 (fp16's overflow check reads DeepSpeed's "
-                "own 16-bit buffer). Remove it, or train with precision='bf16-mixed'."
+                f"DeepSpeedStrategy(offloaded_gradients_{given[0]}=True) has no effect here: it needs ZeRO stage 3 "
+                "with the optimizer offloaded to host memory and bf16 or fp32 (fp16's overflow check reads "
+                "DeepSpeed's own 16-bit buffer). Remove it, or train with precision='bf16-mixed'."
             )
         if placement is not None:
-            rank_zero_info(
-                f"ZeRO-3 gradients: {placement.kept_elements:,} elements accumulate in fp32 beside their optimizer "
-                f"on {self.root_device.type}, {placement.host_elements:,} on the host "
-                f"({'in their fp32 gradients' if placement.host_in_fp32 else 'in a buffer of the working precision'}"
-                f"{', pinned' if placement.pinned else ''}), in place of one host buffer for all "
-                f"{placement.replaced_elements:,}"
-            )
+            rank_zero_info(describe(placement, self.root_device))
         return initialized
 
     def _initialize_evaluation_engine(self: _ParallelStrategy, module: torch.nn.Module, **extra: Any) -> Any:

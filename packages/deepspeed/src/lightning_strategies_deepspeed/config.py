@@ -31,12 +31,14 @@ _BOOLEANS = (
     "pin_memory", "contiguous_gradients", "overlap_comm", "allgather_partitions", "reduce_scatter",
     "zero_allow_untested_optimizer", "partition_activations", "cpu_checkpointing",
     "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "load_full_weights",
-    "offloaded_gradients_in_fp32",
+    "offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu",
 )  # fmt: skip
 _POSITIVE_INTEGERS = (
     "params_buffer_count", "params_buffer_size", "optimizer_buffer_count", "block_size", "queue_depth",
     "thread_count", "sub_group_size", "allgather_bucket_size", "reduce_bucket_size", "loss_scale_window",
 )  # fmt: skip
+# This package's own settings, read by the strategy rather than written into DeepSpeed's config.
+_OUR_GRADIENT_PLACEMENT = ("offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu")
 _NON_NEGATIVE_INTEGERS = ("max_in_cpu", "initial_scale_power", "hysteresis")
 _NUMBERS = ("loss_scale", "min_loss_scale")
 
@@ -136,7 +138,7 @@ def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: boo
     """Warn, once per parameter, about a value set away from its default that DeepSpeed will not use."""
     changed = {name for name, default in DEFAULTS.items() if parameters[name] != default}
     if config_given:
-        ignored = changed - {"logging_level", "load_full_weights", "offloaded_gradients_in_fp32", *_FP16_ONLY}
+        ignored = changed - {"logging_level", "load_full_weights", *_OUR_GRADIENT_PLACEMENT, *_FP16_ONLY}
         for name in sorted(ignored):
             warn_obsolete_parameter(
                 STRATEGY, name, parameters[name], "a DeepSpeed config was given, and the config decides this setting."
@@ -167,9 +169,8 @@ def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: boo
     if not (stage > 0 and (parameters["offload_optimizer"] or (stage == 3 and parameters["offload_parameters"]))):
         reasons.setdefault("pin_memory", "it pins the CPU memory of offloaded states, and nothing is offloaded.")
     if not (stage == 3 and parameters["offload_optimizer"] and parameters["offload_optimizer_device"] == "cpu"):
-        reasons.setdefault(
-            "offloaded_gradients_in_fp32", "only ZeRO stage 3 with the optimizer offloaded to host memory uses it."
-        )
+        for name in _OUR_GRADIENT_PLACEMENT:
+            reasons.setdefault(name, "only ZeRO stage 3 with the optimizer offloaded to host memory uses it.")
     if offload_ratio(parameters) is not None and parameters["sub_group_size"] == DEFAULTS["sub_group_size"]:
         # DeepSpeed splits each process's partition into sub-groups of sub_group_size elements and places
         # whole sub-groups: with the default size there is one, and any ratio offloads all of it.

@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "pin_memory": False,
     "sub_group_size": 1_000_000_000_000,
     "offloaded_gradients_in_fp32": False,
+    "offloaded_gradients_on_gpu": False,
     "contiguous_gradients": True,
     "overlap_comm": True,
     "allgather_partitions": True,

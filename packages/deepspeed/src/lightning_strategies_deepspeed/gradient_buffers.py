@@ -20,6 +20,11 @@ sub-groups get one of two:
   (docs/which-strategy.md): 2.8 GiB less host memory, and 0.91 of the throughput (medians of three runs each).
   The plan sets it only where host memory is short.
 
+- with ``offloaded_gradients_on_gpu``, a 16-bit slot each in one buffer on the training device, where backward
+  adds each micro-batch's gradient; DeepSpeed copies it into the fp32 gradient on the host once, at the last
+  micro-batch of the optimizer step. 2 bytes a parameter of GPU memory for no host slot and one copy a step
+  instead of two every micro-batch.
+
 The offloaded fp32 gradients are page-locked as well. That pinning does not follow ``pin_memory``, which is
 DeepSpeed's option for its own host buffers (the offloaded master weights and moments); where CUDA refuses it,
 the strategy warns and keeps these buffers pageable. DeepSpeed's ``offload_states()``, which rebuilds the slots
@@ -52,6 +57,7 @@ class GradientPlacement:
     replaced_elements: int  # the size of DeepSpeed's own all-parameter buffer, now freed
     host_in_fp32: bool
     pinned: bool  # the host slots and the offloaded fp32 gradients, all page-locked
+    device_elements: int = 0  # offloaded, accumulating on the training device until the step
 
 
 def applies(optimizer: Any) -> bool:
@@ -99,12 +105,16 @@ def _pinned(pin: Callable[[], Any]) -> bool:
 
 
 def keep_gradients_with_their_optimizer(
-    optimizer: Any, device: torch.device, pin: bool | None = None, in_fp32: bool = False
+    optimizer: Any,
+    device: torch.device,
+    pin: bool | None = None,
+    in_fp32: bool = False,
+    accumulate_on: torch.device | None = None,
 ) -> GradientPlacement | None:
     """Move ZeRO-3's gradient slots: into the fp32 gradient of each sub-group held on ``device`` (where backward
-    produces gradients), and for the others into their fp32 gradients on the host if ``in_fp32``, else into one
-    exact-size 16-bit host buffer. Host memory is page-locked if ``pin`` (by default where ``device`` is a GPU).
-    None where it does not apply."""
+    produces gradients), and for the others into one exact-size 16-bit buffer on ``accumulate_on`` if given, else
+    into their fp32 gradients on the host if ``in_fp32``, else into one exact-size 16-bit host buffer. Host memory
+    is page-locked if ``pin`` (by default where ``device`` is a GPU). None where it does not apply."""
     if not applies(optimizer):
         return None
     slots: dict[int, torch.Tensor] = getattr(optimizer, _SLOTS)
@@ -116,7 +126,7 @@ def keep_gradients_with_their_optimizer(
         kept = fp32_gradient.device.type == device.type
         for parameter in group:
             _, start, elements = optimizer.grad_position[optimizer.get_param_id(parameter)]
-            if kept or in_fp32:
+            if kept or (in_fp32 and accumulate_on is None):
                 in_fp32_gradient.append((parameter, fp32_gradient.narrow(0, start, elements)))
                 kept_elements += elements if kept else 0
             else:
@@ -128,12 +138,16 @@ def keep_gradients_with_their_optimizer(
     optimizer.grad_partitions_flat_buffer = None
     slots.clear()
     pinned = device.type == "cuda" if pin is None else pin
-    host = torch.empty(sum(parameter.partition_numel() for parameter in hosted), dtype=dtype)
-    pinned = pinned and _pinned(lambda: pin_in_place(host))
-    host.zero_()
+    elements = sum(parameter.partition_numel() for parameter in hosted)
+    if accumulate_on is not None:
+        buffer = torch.zeros(elements, dtype=dtype, device=accumulate_on)
+    else:
+        buffer = torch.empty(elements, dtype=dtype)
+        pinned = pinned and _pinned(lambda: pin_in_place(buffer))
+        buffer.zero_()
     position = 0
     for parameter in hosted:
-        slots[parameter.ds_id] = host.narrow(0, position, parameter.partition_numel())
+        slots[parameter.ds_id] = buffer.narrow(0, position, parameter.partition_numel())
         position += parameter.partition_numel()
     for parameter, slot in in_fp32_gradient:
         slots[parameter.ds_id] = slot.zero_()
@@ -142,6 +156,21 @@ def keep_gradients_with_their_optimizer(
         # gradients into these fp32 tensors, which CPU Adam reads.
         offloaded = [group.grad for group in optimizer.fp32_partitioned_groups_flat if group.grad.device.type == "cpu"]
         pinned = _pinned(lambda: [pin_in_place(gradient) for gradient in offloaded])
-    optimizer.grad_partitions_flat_buffer = host
-    host_elements = sum(slot.numel() for slot in slots.values()) - kept_elements
-    return GradientPlacement(kept_elements, host_elements, replaced, in_fp32, pinned)
+    optimizer.grad_partitions_flat_buffer = buffer
+    device_elements = 0 if accumulate_on is None else elements
+    host_elements = sum(slot.numel() for slot in slots.values()) - kept_elements - device_elements
+    return GradientPlacement(kept_elements, host_elements, replaced, in_fp32, pinned, device_elements)
+
+
+def describe(placement: GradientPlacement, device: torch.device) -> str:
+    """One line for the log: where each share of ZeRO-3's gradients accumulates."""
+    where = [f"{placement.kept_elements:,} elements accumulate in fp32 beside their optimizer on {device.type}"]
+    if placement.device_elements:
+        where.append(
+            f"{placement.device_elements:,} in a buffer of the working precision on {device.type}, copied to their "
+            "fp32 gradients on the host once an optimizer step"
+        )
+    if placement.host_elements:
+        kind = "in their fp32 gradients" if placement.host_in_fp32 else "in a buffer of the working precision"
+        where.append(f"{placement.host_elements:,} on the host ({kind}{', pinned' if placement.pinned else ''})")
+    return f"ZeRO-3 gradients: {', '.join(where)}, in place of one host buffer for all {placement.replaced_elements:,}"

@@ -113,8 +113,11 @@ def predict(
     gpu_optimizer = optimizer_side * (1 - ratio)
     if kept_in_fp32:
         # ZeRO-3 with an optimizer offload gives each GPU-held sub-group a standing fp32 gradient, into which
-        # backward accumulates (gradient_buffers.py).
+        # backward accumulates (gradient_buffers.py); with offloaded_gradients_on_gpu the offloaded share
+        # accumulates beside it in the working precision.
         gradients = per_rank * FP32_GRADIENT_BYTES * (1 - ratio)
+        if options["offloaded_gradients_on_gpu"] and not workload.precision.startswith("16"):
+            gradients += per_rank * states.gradients * ratio
 
     largest_module = max(shape.block_parameters(), shape.vocabulary * shape.hidden)
     step_buffers = 0.0
@@ -177,11 +180,11 @@ def predict(
 
 def host_gradient_slots(workload: Workload, ratio: float, options: dict[str, Any]) -> float:
     """Bytes of ZeRO-3's host gradient slots with ``ratio`` of the optimizer offloaded (gradient_buffers.py): one
-    of the working precision per offloaded parameter; none with offloaded_gradients_in_fp32; with fp16, whose
-    overflow check reads DeepSpeed's own buffer, DeepSpeed's slot for every parameter."""
+    of the working precision per offloaded parameter; none with offloaded_gradients_in_fp32 or _on_gpu; with fp16,
+    whose overflow check reads DeepSpeed's own buffer, DeepSpeed's slot for every parameter."""
     if workload.precision.startswith("16"):
         return workload.parameters * workload.state_bytes().gradients
-    if options["offloaded_gradients_in_fp32"]:
+    if options["offloaded_gradients_in_fp32"] or options["offloaded_gradients_on_gpu"]:
         return 0.0
     return ratio * workload.parameters * workload.state_bytes().gradients
 
@@ -227,7 +230,12 @@ def partial_offload_sub_group_size(workload: Workload, gpus: int) -> int:
     return max(1, math.ceil(workload.parameters / gpus / PARTIAL_OFFLOAD_SUB_GROUPS))
 
 
-def _settings(setting: ZeroSetting, workload: Workload, gpus: int, gradients_in_fp32: bool = False) -> dict[str, Any]:
+# This package's settings for where ZeRO-3's offloaded share accumulates its gradients (gradient_buffers.py);
+# none: in 16-bit host slots.
+IN_FP32, ON_GPU = "offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu"
+
+
+def _settings(setting: ZeroSetting, workload: Workload, gpus: int, gradients: str | None = None) -> dict[str, Any]:
     settings: dict[str, Any] = {"stage": setting.stage}
     if setting.optimizer_offload >= 1:
         settings["offload_optimizer"] = True
@@ -238,8 +246,8 @@ def _settings(setting: ZeroSetting, workload: Workload, gpus: int, gradients_in_
         settings["offload_parameters"] = True
     if setting.nvme:
         settings.update(remote_device="nvme", offload_params_device="nvme", offload_optimizer_device="nvme")
-    if gradients_in_fp32:
-        settings["offloaded_gradients_in_fp32"] = True
+    if gradients:
+        settings[gradients] = True
     return settings
 
 
@@ -249,10 +257,10 @@ def _candidate(
     machine: Machine,
     setting: ZeroSetting,
     preference: int,
-    gradients_in_fp32: bool = False,
+    gradients: str | None = None,
 ) -> Candidate:
     gpus = max(1, machine.gpus)
-    chosen = _settings(setting, workload, gpus, gradients_in_fp32)
+    chosen = _settings(setting, workload, gpus, gradients)
     # With the sub-groups the settings ask for.
     prediction = predict(workload, gpus, setting, chosen, machine.processes_per_node)
     notes = []
@@ -262,13 +270,13 @@ def _candidate(
     return candidate_from(name, prediction, machine, notes, preference)
 
 
-def choose_offload_ratio(workload: Workload, machine: Machine, gradients_in_fp32: bool = False) -> float | None:
+def choose_offload_ratio(workload: Workload, machine: Machine, gradients: str | None = None) -> float | None:
     """The least share of optimizer states ZeRO-3 must offload for the GPU peak to fit with a margin."""
     gpus = max(1, machine.gpus)
 
     def peaks(ratio: float) -> tuple[float, float]:
         setting = ZeroSetting(3, ratio)
-        chosen = _settings(setting, workload, gpus, gradients_in_fp32)
+        chosen = _settings(setting, workload, gpus, gradients)
         prediction = predict(workload, gpus, setting, chosen, machine.processes_per_node)
         return prediction.gpu_bytes, prediction.host_bytes
 
@@ -285,16 +293,11 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3), 1),
         _candidate("deepspeed_stage_2_offload", workload, machine, ZeroSetting(2, 1.0), 1),
     ]
-    # The offloaded gradients go without their 16-bit host slots (half the PCIe traffic) only where the host
-    # needs the 2 bytes a parameter that saves.
-    for gradients_in_fp32 in (False, True):
-        ratio = choose_offload_ratio(workload, machine, gradients_in_fp32)
-        if ratio is not None:
-            break
+    gradients, ratio = partial_offload(workload, machine)
     if ratio is not None and 0 < ratio < 1:
-        found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0, gradients_in_fp32))
+        found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0, gradients))
     full, full_in_fp32 = (
-        _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2, in_fp32) for in_fp32 in (False, True)
+        _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2, option) for option in (None, IN_FP32)
     )
     found.append(full_in_fp32 if full_in_fp32.fits and not full.fits else full)
     # Parameters go to the host only when the optimizer's whole share there is not enough.
@@ -303,6 +306,22 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         _candidate("deepspeed_stage_3_offload_nvme", workload, machine, ZeroSetting(3, 1.0, True, nvme=True), 4)
     )
     return found
+
+
+def partial_offload(workload: Workload, machine: Machine) -> tuple[str | None, float | None]:
+    """Where the offloaded share's gradients accumulate, and the least share to offload with it.
+
+    On the GPU where that needs no larger share than the host would: one copy to the host an optimizer step
+    instead of two every micro-batch, and no host slot. Else in 16-bit host slots; and in the fp32 gradients
+    (twice the PCIe traffic of the slots) only where the host needs the 2 bytes a parameter that saves.
+    """
+    on_host: tuple[str | None, float | None] = None, choose_offload_ratio(workload, machine)
+    if on_host[1] is None:
+        on_host = IN_FP32, choose_offload_ratio(workload, machine, IN_FP32)
+    on_gpu = choose_offload_ratio(workload, machine, ON_GPU)
+    if on_gpu is not None and on_host[1] is not None and on_gpu <= on_host[1]:
+        return ON_GPU, on_gpu
+    return on_host
 
 
 def cpu_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
