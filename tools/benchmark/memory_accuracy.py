@@ -212,6 +212,10 @@ def optimizer_for(strategy: str, settings: dict[str, Any], accelerator: str = "c
     return "adamw_fused"
 
 
+# Tuning the memory model reads: where ZeRO-3's offloaded share accumulates its gradients.
+GRADIENT_PLACEMENT = ("offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu")
+
+
 def prediction(
     configuration: Configuration, gpu_memory_gib: float, host_memory_gib: float, accelerator: str = "cuda"
 ) -> dict[str, Any]:
@@ -258,7 +262,18 @@ def prediction(
             f"{configuration.id}: the planner gave no {configuration.strategy} candidate with settings "
             f"{configuration.settings or configuration.planned}; its candidates: {[c.settings for c in same]}"
         )
-    return chosen[0].to_dict()
+    found = chosen[0].to_dict()
+    placement = {name: value for name, value in configuration.tuning.items() if name in GRADIENT_PLACEMENT}
+    if placement and ours.startswith("deepspeed"):
+        # Where ZeRO-3's offloaded gradients accumulate moves memory between GPU and host: predicted with the
+        # plan's share, as the strategy runs it.
+        from lightning_strategies_deepspeed.memory import ZeroSetting, predict
+
+        settings = {**found["settings"], **placement}
+        setting = ZeroSetting(settings["stage"], settings["offload_optimizer"])
+        peaks = predict(workload, machine.gpus, setting, settings)
+        found.update(gpu_peak_gib=round(peaks.gpu_bytes / GIB, 2), host_peak_gib=round(peaks.host_bytes / GIB, 2))
+    return found
 
 
 def descendants(root: int) -> list[int]:
