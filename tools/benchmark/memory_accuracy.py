@@ -216,6 +216,14 @@ def optimizer_for(strategy: str, settings: dict[str, Any], accelerator: str = "c
 GRADIENT_PLACEMENT = ("offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu")
 
 
+def with_tuning(settings: dict[str, Any], tuning: dict[str, Any]) -> dict[str, Any]:
+    """The plan's settings with the tuning's; a tuning that says where the offloaded gradients accumulate
+    replaces the plan's choice of that."""
+    if any(name in tuning for name in GRADIENT_PLACEMENT):
+        settings = {name: value for name, value in settings.items() if name not in GRADIENT_PLACEMENT}
+    return {**settings, **tuning}
+
+
 def prediction(
     configuration: Configuration, gpu_memory_gib: float, host_memory_gib: float, accelerator: str = "cuda"
 ) -> dict[str, Any]:
@@ -269,7 +277,7 @@ def prediction(
         # plan's share, as the strategy runs it.
         from lightning_strategies_deepspeed.memory import ZeroSetting, predict
 
-        settings = {**found["settings"], **placement}
+        settings = with_tuning(found["settings"], placement)
         setting = ZeroSetting(settings["stage"], settings["offload_optimizer"])
         peaks = predict(workload, machine.gpus, setting, settings)
         found.update(gpu_peak_gib=round(peaks.gpu_bytes / GIB, 2), host_peak_gib=round(peaks.host_bytes / GIB, 2))
@@ -572,7 +580,7 @@ def child(spec_path: Path) -> None:
     elif name in LIGHTNING_NAMES:
         strategy = name
     else:
-        strategy = get_registry().resolve(name, **spec["settings"], **spec["tuning"])
+        strategy = get_registry().resolve(name, **with_tuning(spec["settings"], spec["tuning"]))
     stages = host_stages_callback(Path(spec["results"], f"stages-{rank()}.json"))
     steps = RecordSteps(workload)  # speed and the loss of every step, as the benchmark's runs record them
     phases = phase_times_callback()

@@ -691,3 +691,42 @@ def test_reproduce_does_not_measure_a_part_twice_into_one_folder(tmp_path: Path)
     with pytest.raises(SystemExit, match=r"offload: measured by an earlier call\. Measure into another --out"):
         reproduce.main(["run", "--out", str(tmp_path), "--parts", "offload"])
     assert not (tmp_path / "parts.jsonl").exists()
+
+
+def test_the_deepspeed_float8_runs_the_docs_state_are_the_records() -> None:
+    """docs/hugging-face.md's float8 speed under deepspeed_stage_3, every run from its record."""
+    record = REPOSITORY / "docs" / "results" / "2026-11-30-h200x2-hugging-face-8b-ds3-float8.jsonl"
+    docs = (REPOSITORY / "docs" / "hugging-face.md").read_text()
+    runs = [json.loads(line) for line in record.read_text().splitlines()]
+    assert {run["strategy"] for run in runs} == {"deepspeed_stage_3"} and len(runs) == 4
+    for float8 in (None, "tensorwise"):
+        speeds = [run["tokens_per_second"] for run in runs if run["float8"] == float8]
+        mfus = [f"{100 * run['mfu']:.1f}%" for run in runs if run["float8"] == float8]
+        assert f"{speeds[0]:,} and {speeds[1]:,} tokens/s" in docs or f"{speeds[0]:,} and {speeds[1]:,} (" in docs
+        assert f"{mfus[0]} and {mfus[1]}" in docs
+    bf16, float8 = (
+        sum(run["tokens_per_second"] for run in runs if run["float8"] == kind) for kind in (None, "tensorwise")
+    )
+    assert f"{float8 / bf16:.2f}x" in docs
+
+
+def test_the_13b_rows_with_the_gradients_on_the_gpu_are_the_records() -> None:
+    """docs/which-strategy.md's table of where ZeRO-3's offloaded gradients accumulate at 13.1B, from its record."""
+    record = REPOSITORY / "docs" / "results" / "2026-11-30-h200-memory-accuracy-ds3-gradients-on-gpu-1x.json"
+    docs = (REPOSITORY / "docs" / "which-strategy.md").read_text()
+    runs = {run["id"]: run for run in json.loads(record.read_text()) if run["size"] == "13b"}
+    for name, accumulate in (
+        ("largest-ds3-13b-accumulate-8", 8),
+        ("largest-ds3-13b-accumulate-8-on-gpu", 8),
+        ("largest-ds3-13b-accumulate-32-on-gpu", 32),
+    ):
+        run = runs[name]
+        speed = run["speed"]
+        row = (
+            f"| {accumulate} |",
+            f"{round(speed['tokens_per_second']):,}",
+            f"{100 * speed['mfu']:.1f}%",
+            f"{run['gpu_measured_gib']:.1f} GiB ({run['gpu_predicted_gib']:.1f})",
+            f"{run['host_measured_gib']:.1f} GiB ({run['host_predicted_gib']:.1f})",
+        )
+        assert any(all(part in line for part in row) for line in docs.splitlines()), (name, row)

@@ -149,10 +149,10 @@ def test_the_plan_drops_the_16_bit_host_slots_only_where_the_host_needs_it():
     # 13B on one H200 with 125.9 GiB of host memory (measured there: GPU 116.4, host 115.3 GiB) fits only without
     # the slots; 11.8B keeps them, and with them half the PCIe traffic.
     h200 = Machine(1, int(139.8 * GIB), int(125.87 * GIB))
-    for layers, in_fp32 in ((40, True), (36, False)):
+    for layers, placement in ((40, ["offloaded_gradients_in_fp32"]), (36, [])):
         workload = Workload.build(layers=layers, hidden=5120, micro_batch=8, activation_checkpointing=True)
         (partial,) = [c for c in candidates(workload, h200) if c.strategy == "deepspeed_stage_3" and c.fits]
-        assert partial.settings.get("offloaded_gradients_in_fp32", False) is in_fp32
+        assert [name for name in partial.settings if name.startswith("offloaded_")] == placement
         parameters = {**settings.DEFAULTS, **partial.settings}
         settings.validate_parameters(parameters)  # the strategy takes the plan's settings
 
@@ -172,6 +172,10 @@ def test_the_offloaded_gradients_accumulate_on_the_gpu_where_that_needs_no_large
         if where.endswith("on_gpu"):
             assert partial.settings["offload_optimizer"] == choose_offload_ratio(workload, ISSUE_MACHINE)
         settings.validate_parameters({**settings.DEFAULTS, **partial.settings})
+    # With fp16 DeepSpeed keeps its own slots, and the plan names neither setting.
+    fp16 = dataclasses.replace(Workload.build("6.7B"), precision="16-mixed")
+    (partial,) = [c for c in candidates(fp16, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+    assert not [name for name in partial.settings if name.startswith("offloaded_")]
 
 
 def test_the_chosen_ratio_is_the_least_that_fits_and_comes_with_sub_groups():

@@ -99,6 +99,17 @@ def test_loss_scaling_goes_into_fp16_section():
         ({"queue_depth": 4}, "queue_depth", "NVMe offloading"),
         ({"params_buffer_count": 9}, "params_buffer_count", "parameter offloading"),
         ({"pin_memory": True}, "pin_memory", "nothing is offloaded"),
+        ({"stage": 2, "offloaded_gradients_on_gpu": True}, "offloaded_gradients_on_gpu", "only ZeRO stage 3 with"),
+        (
+            {
+                "stage": 3,
+                "offload_optimizer": True,
+                "offloaded_gradients_on_gpu": True,
+                "offloaded_gradients_in_fp32": True,
+            },
+            "offloaded_gradients_in_fp32",
+            "accumulates the offloaded share's gradients on the GPU",
+        ),
         ({"zero_optimization": False, "stage": 3}, "stage", "zero_optimization=False"),
         ({"config": {"train_micro_batch_size_per_gpu": 1}, "stage": 3}, "stage", "config decides"),
     ],

@@ -259,9 +259,10 @@ class DeepSpeedBody(LightningAttributesMixin):
         if placement is None and given:
             # config.py warns for settings without an optimizer offload; this is what only the engine tells.
             rank_zero_warn(
-                f"DeepSpeedStrategy(offloaded_gradients_{given[0]}=True) has no effect here: it needs ZeRO stage 3 "
-                "with the optimizer offloaded to host memory and bf16 or fp32 (fp16's overflow check reads "
-                "DeepSpeed's own 16-bit buffer). Remove it, or train with precision='bf16-mixed'."
+                f"DeepSpeedStrategy({', '.join(f'offloaded_gradients_{name}=True' for name in given)}) has no "
+                "effect here: it needs ZeRO stage 3 with the optimizer offloaded to host memory and bf16 or fp32 "
+                "(fp16's overflow check reads DeepSpeed's own 16-bit buffer). Remove it, or train with "
+                "precision='bf16-mixed'."
             )
         if placement is not None:
             rank_zero_info(describe(placement, self.root_device))

@@ -171,6 +171,12 @@ def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: boo
     if not (stage == 3 and parameters["offload_optimizer"] and parameters["offload_optimizer_device"] == "cpu"):
         for name in _OUR_GRADIENT_PLACEMENT:
             reasons.setdefault(name, "only ZeRO stage 3 with the optimizer offloaded to host memory uses it.")
+    if parameters["offloaded_gradients_on_gpu"]:
+        reasons.setdefault(
+            "offloaded_gradients_in_fp32",
+            "offloaded_gradients_on_gpu=True accumulates the offloaded share's gradients on the GPU; the host then "
+            "holds only their fp32 gradients already.",
+        )
     if offload_ratio(parameters) is not None and parameters["sub_group_size"] == DEFAULTS["sub_group_size"]:
         # DeepSpeed splits each process's partition into sub-groups of sub_group_size elements and places
         # whole sub-groups: with the default size there is one, and any ratio offloads all of it.

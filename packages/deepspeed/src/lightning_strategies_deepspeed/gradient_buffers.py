@@ -9,7 +9,7 @@ parameter of the model was the host memory found, and forward with backward took
 
 Here the sub-groups whose optimizer stays on the GPU accumulate straight into their fp32 gradient there, which
 DeepSpeed keeps for the step anyway (so the GPU holds nothing more, and accumulates in fp32). The offloaded
-sub-groups get one of two:
+sub-groups get one of three:
 
 - by default a 16-bit slot each, in one host buffer of their exact size, page-locked where CUDA runs so that
   backward's copies do not stall;
@@ -20,10 +20,10 @@ sub-groups get one of two:
   (docs/which-strategy.md): 2.8 GiB less host memory, and 0.91 of the throughput (medians of three runs each).
   The plan sets it only where host memory is short.
 
-- with ``offloaded_gradients_on_gpu``, a 16-bit slot each in one buffer on the training device, where backward
-  adds each micro-batch's gradient; DeepSpeed copies it into the fp32 gradient on the host once, at the last
-  micro-batch of the optimizer step. 2 bytes a parameter of GPU memory for no host slot and one copy a step
-  instead of two every micro-batch.
+- with ``offloaded_gradients_on_gpu``, a slot each in one buffer of the working precision on the training device,
+  where backward adds each micro-batch's gradient; DeepSpeed copies it into the fp32 gradient on the host once, at
+  the last micro-batch of the optimizer step. 2 bytes a parameter of GPU memory with bf16, for no host slot and
+  one copy a step instead of two every micro-batch.
 
 The offloaded fp32 gradients are page-locked as well. That pinning does not follow ``pin_memory``, which is
 DeepSpeed's option for its own host buffers (the offloaded master weights and moments); where CUDA refuses it,
@@ -83,7 +83,8 @@ def _missing_slots_message() -> str:
         f"DeepSpeed {version('deepspeed')}'s {_STAGE_3} has no {_SLOTS.removeprefix(f'_{_STAGE_3}')} attribute, which "
         "lightning_strategies_deepspeed/gradient_buffers.py replaces (checked up to DeepSpeed 0.19.8). Training goes "
         "on with DeepSpeed's own host buffer: 2 bytes per parameter of the whole model more host memory, each "
-        "gradient copied to the host and back every backward, and offloaded_gradients_in_fp32 has no effect. "
+        "gradient copied to the host and back every backward, and offloaded_gradients_in_fp32 and _on_gpu have no "
+        "effect. "
         "Use deepspeed<=0.19.8 to keep them, or report the version."
     )
 
@@ -96,8 +97,8 @@ def _pinned(pin: Callable[[], Any]) -> bool:
         # Every rank says so: each may have its own share and its own free memory.
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         warnings.warn(
-            f"Rank {rank}: {error} Offloaded gradients stay in pageable memory, so each backward's copies to the "
-            "host wait for the GPU. Raise the limit, or offload a smaller share (offload_optimizer=<ratio>).",
+            f"Rank {rank}: {error} Offloaded gradients stay in pageable memory, so their copies to the host wait "
+            "for the GPU. Raise the limit, or offload a smaller share (offload_optimizer=<ratio>).",
             stacklevel=2,
         )
         return False
@@ -112,8 +113,9 @@ def keep_gradients_with_their_optimizer(
     accumulate_on: torch.device | None = None,
 ) -> GradientPlacement | None:
     """Move ZeRO-3's gradient slots: into the fp32 gradient of each sub-group held on ``device`` (where backward
-    produces gradients), and for the others into one exact-size 16-bit buffer on ``accumulate_on`` if given, else
-    into their fp32 gradients on the host if ``in_fp32``, else into one exact-size 16-bit host buffer. Host memory
+    produces gradients), and for the others into one exact-size buffer of DeepSpeed's accumulation dtype on
+    ``accumulate_on`` if given (``in_fp32`` then has no effect), else into their fp32 gradients on the host if
+    ``in_fp32``, else into one exact-size host buffer of that dtype. Host memory
     is page-locked if ``pin`` (by default where ``device`` is a GPU). None where it does not apply."""
     if not applies(optimizer):
         return None
@@ -159,7 +161,8 @@ def keep_gradients_with_their_optimizer(
     optimizer.grad_partitions_flat_buffer = buffer
     device_elements = 0 if accumulate_on is None else elements
     host_elements = sum(slot.numel() for slot in slots.values()) - kept_elements - device_elements
-    return GradientPlacement(kept_elements, host_elements, replaced, in_fp32, pinned, device_elements)
+    host_in_fp32 = in_fp32 and accumulate_on is None
+    return GradientPlacement(kept_elements, host_elements, replaced, host_in_fp32, pinned, device_elements)
 
 
 def describe(placement: GradientPlacement, device: torch.device) -> str:

@@ -312,10 +312,13 @@ def partial_offload(workload: Workload, machine: Machine) -> tuple[str | None, f
     """Where the offloaded share's gradients accumulate, and the least share to offload with it.
 
     On the GPU where that needs no larger share than the host would: one copy to the host an optimizer step
-    instead of two every micro-batch, and no host slot. Else in 16-bit host slots; and in the fp32 gradients
-    (twice the PCIe traffic of the slots) only where the host needs the 2 bytes a parameter that saves.
+    instead of two every micro-batch, and no host slot. Else in host slots of the working precision; and in the
+    fp32 gradients (twice the PCIe traffic of 16-bit slots) only where the host needs the bytes that saves. With
+    fp16 DeepSpeed's own slots stay (its overflow check reads them), and neither setting applies.
     """
     on_host: tuple[str | None, float | None] = None, choose_offload_ratio(workload, machine)
+    if workload.precision.startswith("16"):
+        return on_host
     if on_host[1] is None:
         on_host = IN_FP32, choose_offload_ratio(workload, machine, IN_FP32)
     on_gpu = choose_offload_ratio(workload, machine, ON_GPU)

@@ -70,8 +70,8 @@ PARAMETERS = {
     "short; no effect with fp16).",
     "offloaded_gradients_on_gpu": "Stage 3 with the optimizer in host memory and several micro-batches a step: "
     "accumulate the offloaded share's gradients in a GPU buffer of the working precision and copy them to the host "
-    "once a step, not to the host and back every micro-batch: 2 bytes a parameter of GPU memory, no host slot (not a "
-    "DeepSpeed key; no effect with fp16).",
+    "once a step, not to the host and back every micro-batch: 2 bytes a parameter of GPU memory with bf16, no host "
+    "slot; offloaded_gradients_in_fp32 then has no effect (not a DeepSpeed key; no effect with fp16).",
     "contiguous_gradients": f"Copy gradients into one contiguous buffer as they are produced ({_ZERO}).",
     "overlap_comm": f"Overlap gradient reduction with the backward pass ({_ZERO}).",
     "allgather_partitions": f"Stages 1-2: all-gather updated parameters in one call rather than broadcasts ({_ZERO}).",
