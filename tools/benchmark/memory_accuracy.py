@@ -275,12 +275,17 @@ def prediction(
     if placement and ours.startswith("deepspeed"):
         # Where ZeRO-3's offloaded gradients accumulate moves memory between GPU and host: predicted with the
         # plan's share, as the strategy runs it.
+        from lightning_strategies.planning import fits_machine
         from lightning_strategies_deepspeed.memory import ZeroSetting, predict
 
         settings = with_tuning(found["settings"], placement)
         setting = ZeroSetting(settings["stage"], settings["offload_optimizer"])
         peaks = predict(workload, machine.gpus, setting, settings)
-        found.update(gpu_peak_gib=round(peaks.gpu_bytes / GIB, 2), host_peak_gib=round(peaks.host_bytes / GIB, 2))
+        found.update(
+            gpu_peak_gib=round(peaks.gpu_bytes / GIB, 2),
+            host_peak_gib=round(peaks.host_bytes / GIB, 2),
+            fits=fits_machine(peaks.gpu_bytes, peaks.host_bytes, machine),
+        )
     return found
 
 

@@ -72,8 +72,11 @@ def label(record: dict[str, Any], size: bool = True) -> str:
         parts.append(f"{record['devices']} GPUs")
     if (record.get("accumulate") or 1) > 1:
         parts.append(f"accumulating {record['accumulate']}")
-    if (record.get("tuning") or {}).get("offloaded_gradients_on_gpu"):
+    chosen = {**settings, **(record.get("tuning") or {})}
+    if chosen.get("offloaded_gradients_on_gpu"):
         parts.append("gradients accumulating on the GPU")
+    elif chosen.get("offloaded_gradients_in_fp32"):
+        parts.append("gradients in fp32 on the host")
     if "unpinned" in record.get("note", ""):
         parts.append("host chunks unpinned")
     if record["id"].startswith("h100-"):

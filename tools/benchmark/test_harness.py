@@ -694,39 +694,59 @@ def test_reproduce_does_not_measure_a_part_twice_into_one_folder(tmp_path: Path)
 
 
 def test_the_deepspeed_float8_runs_the_docs_state_are_the_records() -> None:
-    """docs/hugging-face.md's float8 speed under deepspeed_stage_3, every run from its record."""
+    """docs/hugging-face.md's paragraph on float8 under deepspeed_stage_3: every run from its record."""
     record = REPOSITORY / "docs" / "results" / "2026-11-30-h200x2-hugging-face-8b-ds3-float8.jsonl"
     docs = (REPOSITORY / "docs" / "hugging-face.md").read_text()
+    paragraph = docs[docs.index("- **Under `deepspeed_stage_3`**") :].split("\n- ", 1)[0].split("\n\n", 1)[0]
+    paragraph = " ".join(paragraph.split())
     runs = [json.loads(line) for line in record.read_text().splitlines()]
     assert {run["strategy"] for run in runs} == {"deepspeed_stage_3"} and len(runs) == 4
-    for float8 in (None, "tensorwise"):
-        speeds = [run["tokens_per_second"] for run in runs if run["float8"] == float8]
-        mfus = [f"{100 * run['mfu']:.1f}%" for run in runs if run["float8"] == float8]
-        assert f"{speeds[0]:,} and {speeds[1]:,} tokens/s" in docs or f"{speeds[0]:,} and {speeds[1]:,} (" in docs
-        assert f"{mfus[0]} and {mfus[1]}" in docs
-    bf16, float8 = (
-        sum(run["tokens_per_second"] for run in runs if run["float8"] == kind) for kind in (None, "tensorwise")
-    )
-    assert f"{float8 / bf16:.2f}x" in docs
+    kinds = {kind: [run for run in runs if run["float8"] == kind] for kind in (None, "tensorwise")}
+    for first, second in kinds.values():
+        assert f"{first['tokens_per_second']:,} and {second['tokens_per_second']:,}" in paragraph
+        assert f"{100 * first['mfu']:.1f}% and {100 * second['mfu']:.1f}%" in paragraph
+        assert first["peak_gpu_reserved_gib"] == second["peak_gpu_reserved_gib"]
+    bf16, float8 = (sum(run["tokens_per_second"] for run in kinds[kind]) for kind in (None, "tensorwise"))
+    assert f"{float8 / bf16:.2f}x" in paragraph
+    reserved = [kinds[kind][0]["peak_gpu_reserved_gib"] for kind in ("tensorwise", None)]
+    assert f"{reserved[0]:.1f} GiB of GPU memory reserved against {reserved[1]:.1f}" in paragraph
 
 
 def test_the_13b_rows_with_the_gradients_on_the_gpu_are_the_records() -> None:
-    """docs/which-strategy.md's table of where ZeRO-3's offloaded gradients accumulate at 13.1B, from its record."""
+    """docs/which-strategy.md's table of where ZeRO-3's offloaded gradients accumulate at 13.1B, and the bullets
+    under it, from its record (the steps after the first)."""
     record = REPOSITORY / "docs" / "results" / "2026-11-30-h200-memory-accuracy-ds3-gradients-on-gpu-1x.json"
     docs = (REPOSITORY / "docs" / "which-strategy.md").read_text()
+    flat = " ".join(docs.split())
     runs = {run["id"]: run for run in json.loads(record.read_text()) if run["size"] == "13b"}
-    for name, accumulate in (
-        ("largest-ds3-13b-accumulate-8", 8),
-        ("largest-ds3-13b-accumulate-8-on-gpu", 8),
-        ("largest-ds3-13b-accumulate-32-on-gpu", 32),
+    per_micro_batch = {}
+    for name, label in (
+        ("largest-ds3-13b-accumulate-8", "| in their fp32 gradients on the host (the plan's settings) | 8 |"),
+        ("largest-ds3-13b-accumulate-8-on-gpu", "| on the GPU | 8 |"),
+        ("largest-ds3-13b-accumulate-32-on-gpu", "| on the GPU | 32 |"),
     ):
         run = runs[name]
-        speed = run["speed"]
+        phases = run["speed"]["phases"][1:]
+        forward_backward = [phase["forward_backward_s"] for phase in phases]
+        optimizer = [phase["optimizer_s"] for phase in phases]
+        per_micro_batch[name] = [seconds / run["accumulate"] for seconds in forward_backward]
         row = (
-            f"| {accumulate} |",
-            f"{round(speed['tokens_per_second']):,}",
-            f"{100 * speed['mfu']:.1f}%",
+            label,
+            f"| {min(forward_backward):.1f} to {max(forward_backward):.1f} s |",
+            f"| {min(optimizer):.1f} to {max(optimizer):.1f} s |",
+            f"{round(run['speed']['tokens_per_second']):,}",
+            f"{100 * run['speed']['mfu']:.1f}%",
             f"{run['gpu_measured_gib']:.1f} GiB ({run['gpu_predicted_gib']:.1f})",
             f"{run['host_measured_gib']:.1f} GiB ({run['host_predicted_gib']:.1f})",
         )
         assert any(all(part in line for part in row) for line in docs.splitlines()), (name, row)
+    on_gpu = (
+        per_micro_batch["largest-ds3-13b-accumulate-8-on-gpu"] + per_micro_batch["largest-ds3-13b-accumulate-32-on-gpu"]
+    )
+    on_host = per_micro_batch["largest-ds3-13b-accumulate-8"]
+    assert f"{min(on_gpu):.2f} to {max(on_gpu):.2f} s a micro-batch" in flat
+    assert f"{min(on_host):.2f} to {max(on_host):.2f} s" in flat
+    ratio = statistics.median(on_host) / statistics.median(per_micro_batch["largest-ds3-13b-accumulate-8-on-gpu"])
+    assert f"{ratio:.2f}x at 8 micro-batches" in flat
+    losses = runs["largest-ds3-13b-accumulate-32-on-gpu"]["speed"]["losses"]
+    assert f"fell from {losses[0]:.2f} to {losses[-1]:.2f}" in flat
