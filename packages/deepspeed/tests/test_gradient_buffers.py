@@ -107,3 +107,13 @@ def test_where_cuda_refuses_to_pin_it_warns_and_goes_on_pageable():
     with pytest.warns(UserWarning, match="stay in pageable memory.*offload_optimizer=<ratio>"):
         assert gradient_buffers._pinned(refuse) is False
     assert gradient_buffers._pinned(lambda: None) is True
+
+
+def test_gradients_sent_to_the_host_every_micro_batch_come_with_what_to_try():
+    hosted = gradient_buffers.GradientPlacement(10, 2**29, 2**29 + 10, host_in_fp32=False, pinned=True)
+    hint = gradient_buffers.accumulation_hint(hosted, 8, 2)
+    assert hint and "each of the 8 micro-batches" in hint and "offloaded_gradients_on_gpu=True" in hint
+    assert "1.0 GiB more GPU memory" in hint
+    assert gradient_buffers.accumulation_hint(hosted, 1, 2) is None  # no accumulation, one trip a step anyway
+    on_gpu = gradient_buffers.GradientPlacement(10, 0, 2**29 + 10, False, True, device_elements=2**29)
+    assert gradient_buffers.accumulation_hint(on_gpu, 8, 2) is None

@@ -36,7 +36,11 @@ from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import begin_run, check_accelerator, export_ranks, import_deepspeed
 from lightning_strategies_deepspeed.defaults import DEFAULTS
-from lightning_strategies_deepspeed.gradient_buffers import describe, keep_gradients_with_their_optimizer
+from lightning_strategies_deepspeed.gradient_buffers import (
+    accumulation_hint,
+    describe,
+    keep_gradients_with_their_optimizer,
+)
 from lightning_strategies_deepspeed.lightning_attributes import LightningAttributesMixin
 from lightning_strategies_deepspeed.partitioned_models import finish_partitioned_models, warn_compiled_modules
 
@@ -266,6 +270,11 @@ class DeepSpeedBody(LightningAttributesMixin):
             )
         if placement is not None:
             rank_zero_info(describe(placement, self.root_device))
+            engine = initialized[0]
+            element_bytes = engine.optimizer.grad_partitions_flat_buffer.element_size()
+            hint = accumulation_hint(placement, engine.gradient_accumulation_steps(), element_bytes)
+            if hint:
+                rank_zero_info(hint)
         return initialized
 
     def _initialize_evaluation_engine(self: _ParallelStrategy, module: torch.nn.Module, **extra: Any) -> Any:

@@ -177,3 +177,17 @@ def describe(placement: GradientPlacement, device: torch.device) -> str:
         kind = "in their fp32 gradients" if placement.host_in_fp32 else "in a buffer of the working precision"
         where.append(f"{placement.host_elements:,} on the host ({kind}{', pinned' if placement.pinned else ''})")
     return f"ZeRO-3 gradients: {', '.join(where)}, in place of one host buffer for all {placement.replaced_elements:,}"
+
+
+def accumulation_hint(placement: GradientPlacement, micro_batches: int, element_bytes: int) -> str | None:
+    """What to try where the offloaded share's gradients travel to the host and back every micro-batch of a step:
+    None where they do not (one micro-batch a step, or none on the host)."""
+    if micro_batches < 2 or not placement.host_elements:
+        return None
+    cost = placement.host_elements * element_bytes / 2**30
+    return (
+        f"ZeRO-3 copies the offloaded share's gradients to the host and back at each of the {micro_batches} "
+        "micro-batches of an optimizer step. DeepSpeedStrategy(offloaded_gradients_on_gpu=True) keeps them on the "
+        f"GPU until the step, for {cost:.1f} GiB more GPU memory a process (13.1B on one H200: forward and "
+        "backward 1.37x faster; docs/which-strategy.md)."
+    )
