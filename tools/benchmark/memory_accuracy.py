@@ -212,13 +212,11 @@ def optimizer_for(strategy: str, settings: dict[str, Any], accelerator: str = "c
     return "adamw_fused"
 
 
-# Tuning the memory model reads: where ZeRO-3's offloaded share accumulates its gradients.
-GRADIENT_PLACEMENT = ("offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu")
-
-
 def with_tuning(settings: dict[str, Any], tuning: dict[str, Any]) -> dict[str, Any]:
     """The plan's settings with the tuning's; a tuning that says where the offloaded gradients accumulate
     replaces the plan's choice of that."""
+    from lightning_strategies_deepspeed.defaults import GRADIENT_PLACEMENT
+
     if any(name in tuning for name in GRADIENT_PLACEMENT):
         settings = {name: value for name, value in settings.items() if name not in GRADIENT_PLACEMENT}
     return {**settings, **tuning}
@@ -271,6 +269,8 @@ def prediction(
             f"{configuration.settings or configuration.planned}; its candidates: {[c.settings for c in same]}"
         )
     found = chosen[0].to_dict()
+    from lightning_strategies_deepspeed.defaults import GRADIENT_PLACEMENT
+
     placement = {name: value for name, value in configuration.tuning.items() if name in GRADIENT_PLACEMENT}
     if placement and ours.startswith("deepspeed"):
         # Where ZeRO-3's offloaded gradients accumulate moves memory between GPU and host: predicted with the

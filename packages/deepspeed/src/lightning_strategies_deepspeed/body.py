@@ -35,7 +35,7 @@ from lightning_strategies.ranks import watch_ranks
 from lightning_strategies_deepspeed import checkpoint as checkpoints
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.backend import begin_run, check_accelerator, export_ranks, import_deepspeed
-from lightning_strategies_deepspeed.defaults import DEFAULTS
+from lightning_strategies_deepspeed.defaults import DEFAULTS, GRADIENT_PLACEMENT, IN_FP32, ON_GPU
 from lightning_strategies_deepspeed.gradient_buffers import (
     accumulation_hint,
     describe,
@@ -252,18 +252,17 @@ class DeepSpeedBody(LightningAttributesMixin):
                 lr_scheduler=lr_scheduler,
                 dist_init_required=False,
             )
-        in_fp32, on_gpu = (self.parameters[f"offloaded_gradients_{where}"] for where in ("in_fp32", "on_gpu"))
         placement = keep_gradients_with_their_optimizer(
             initialized[0].optimizer,
             self.root_device,
-            in_fp32=in_fp32,
-            accumulate_on=self.root_device if on_gpu else None,
+            in_fp32=self.parameters[IN_FP32],
+            accumulate_on=self.root_device if self.parameters[ON_GPU] else None,
         )
-        given = [name for name, value in (("in_fp32", in_fp32), ("on_gpu", on_gpu)) if value]
+        given = [name for name in GRADIENT_PLACEMENT if self.parameters[name]]
         if placement is None and given:
             # config.py warns for settings without an optimizer offload; this is what only the engine tells.
             rank_zero_warn(
-                f"DeepSpeedStrategy({', '.join(f'offloaded_gradients_{name}=True' for name in given)}) has no "
+                f"DeepSpeedStrategy({', '.join(f'{name}=True' for name in given)}) has no "
                 "effect here: it needs ZeRO stage 3 with the optimizer offloaded to host memory and bf16 or fp32 "
                 "(fp16's overflow check reads DeepSpeed's own 16-bit buffer). Remove it, or train with "
                 "precision='bf16-mixed'."

@@ -17,7 +17,7 @@ from typing import Any
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from lightning_strategies import check_choice, check_type, warn_obsolete_parameter
-from lightning_strategies_deepspeed.defaults import DEFAULTS
+from lightning_strategies_deepspeed.defaults import DEFAULTS, GRADIENT_PLACEMENT, IN_FP32, ON_GPU
 
 STRATEGY = "DeepSpeedStrategy"
 CONFIG_PATH_VARIABLE = "PL_DEEPSPEED_CONFIG_PATH"  # the variable Lightning's strategy reads too
@@ -37,8 +37,6 @@ _POSITIVE_INTEGERS = (
     "params_buffer_count", "params_buffer_size", "optimizer_buffer_count", "block_size", "queue_depth",
     "thread_count", "sub_group_size", "allgather_bucket_size", "reduce_bucket_size", "loss_scale_window",
 )  # fmt: skip
-# This package's own settings, read by the strategy rather than written into DeepSpeed's config.
-_OUR_GRADIENT_PLACEMENT = ("offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu")
 _NON_NEGATIVE_INTEGERS = ("max_in_cpu", "initial_scale_power", "hysteresis")
 _NUMBERS = ("loss_scale", "min_loss_scale")
 
@@ -138,7 +136,7 @@ def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: boo
     """Warn, once per parameter, about a value set away from its default that DeepSpeed will not use."""
     changed = {name for name, default in DEFAULTS.items() if parameters[name] != default}
     if config_given:
-        ignored = changed - {"logging_level", "load_full_weights", *_OUR_GRADIENT_PLACEMENT, *_FP16_ONLY}
+        ignored = changed - {"logging_level", "load_full_weights", *GRADIENT_PLACEMENT, *_FP16_ONLY}
         for name in sorted(ignored):
             warn_obsolete_parameter(
                 STRATEGY, name, parameters[name], "a DeepSpeed config was given, and the config decides this setting."
@@ -169,11 +167,11 @@ def warn_ineffective_parameters(parameters: Mapping[str, Any], config_given: boo
     if not (stage > 0 and (parameters["offload_optimizer"] or (stage == 3 and parameters["offload_parameters"]))):
         reasons.setdefault("pin_memory", "it pins the CPU memory of offloaded states, and nothing is offloaded.")
     if not (stage == 3 and parameters["offload_optimizer"] and parameters["offload_optimizer_device"] == "cpu"):
-        for name in _OUR_GRADIENT_PLACEMENT:
+        for name in GRADIENT_PLACEMENT:
             reasons.setdefault(name, "only ZeRO stage 3 with the optimizer offloaded to host memory uses it.")
-    if parameters["offloaded_gradients_on_gpu"]:
+    if parameters[ON_GPU]:
         reasons.setdefault(
-            "offloaded_gradients_in_fp32",
+            IN_FP32,
             "offloaded_gradients_on_gpu=True accumulates the offloaded share's gradients on the GPU; the host then "
             "holds only their fp32 gradients already.",
         )

@@ -115,8 +115,8 @@ def keep_gradients_with_their_optimizer(
     """Move ZeRO-3's gradient slots: into the fp32 gradient of each sub-group held on ``device`` (where backward
     produces gradients), and for the others into one exact-size buffer of DeepSpeed's accumulation dtype on
     ``accumulate_on`` if given (``in_fp32`` then has no effect), else into their fp32 gradients on the host if
-    ``in_fp32``, else into one exact-size host buffer of that dtype. Host memory
-    is page-locked if ``pin`` (by default where ``device`` is a GPU). None where it does not apply."""
+    ``in_fp32``, else into one exact-size host buffer of that dtype. Host memory is page-locked if ``pin`` (by
+    default where ``device`` is a GPU). None where it does not apply."""
     if not applies(optimizer):
         return None
     slots: dict[int, torch.Tensor] = getattr(optimizer, _SLOTS)

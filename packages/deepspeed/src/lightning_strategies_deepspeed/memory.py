@@ -30,7 +30,7 @@ from lightning_strategies.planning import (
     smallest_fitting_fraction,
     with_choice_margin,
 )
-from lightning_strategies_deepspeed.defaults import DEFAULTS
+from lightning_strategies_deepspeed.defaults import DEFAULTS, IN_FP32, ON_GPU
 
 # DeepSpeed's own defaults for settings our strategy does not expose (elements, not bytes).
 STAGE3_PREFETCH_BUCKET_ELEMENTS = 50_000_000
@@ -116,7 +116,7 @@ def predict(
         # backward accumulates (gradient_buffers.py); with offloaded_gradients_on_gpu the offloaded share
         # accumulates beside it in the working precision.
         gradients = per_rank * FP32_GRADIENT_BYTES * (1 - ratio)
-        if options["offloaded_gradients_on_gpu"] and not workload.precision.startswith("16"):
+        if options[ON_GPU] and not workload.precision.startswith("16"):
             gradients += per_rank * states.gradients * ratio
 
     largest_module = max(shape.block_parameters(), shape.vocabulary * shape.hidden)
@@ -184,7 +184,7 @@ def host_gradient_slots(workload: Workload, ratio: float, options: dict[str, Any
     whose overflow check reads DeepSpeed's own buffer, DeepSpeed's slot for every parameter."""
     if workload.precision.startswith("16"):
         return workload.parameters * workload.state_bytes().gradients
-    if options["offloaded_gradients_in_fp32"] or options["offloaded_gradients_on_gpu"]:
+    if options[IN_FP32] or options[ON_GPU]:
         return 0.0
     return ratio * workload.parameters * workload.state_bytes().gradients
 
@@ -228,11 +228,6 @@ def gpu_share(ratio: float, sizes: list[float], sub_group_size: float) -> float:
 def partial_offload_sub_group_size(workload: Workload, gpus: int) -> int:
     """The sub-group size the plan sets with a partial offload: a PARTIAL_OFFLOAD_SUB_GROUPS-th of a partition."""
     return max(1, math.ceil(workload.parameters / gpus / PARTIAL_OFFLOAD_SUB_GROUPS))
-
-
-# This package's settings for where ZeRO-3's offloaded share accumulates its gradients (gradient_buffers.py);
-# none: in 16-bit host slots.
-IN_FP32, ON_GPU = "offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu"
 
 
 def _settings(setting: ZeroSetting, workload: Workload, gpus: int, gradients: str | None = None) -> dict[str, Any]:
