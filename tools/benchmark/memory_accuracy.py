@@ -119,7 +119,10 @@ LARGEST = [
                   planned="partial", activation_checkpointing=True, same_batch=True, accumulate=8,
                   tuning={"offloaded_gradients_on_gpu": True}),
     # Four times the tokens an optimizer step (262,144), which with the gradients accumulating on the GPU costs
-    # no more PCIe traffic: the optimizer's CPU share paid once per 32 micro-batches.
+    # no more PCIe traffic: the optimizer's CPU share paid once per 32 micro-batches. The plan's own settings
+    # beside it, for the option's effect at that batch.
+    Configuration("largest-ds3-13b-accumulate-32", "deepspeed_stage_3", "13b", micro_batch=8, planned="partial",
+                  activation_checkpointing=True, same_batch=True, accumulate=32),
     Configuration("largest-ds3-13b-accumulate-32-on-gpu", "deepspeed_stage_3", "13b", micro_batch=8,
                   planned="partial", activation_checkpointing=True, same_batch=True, accumulate=32,
                   tuning={"offloaded_gradients_on_gpu": True}),
@@ -386,9 +389,9 @@ def measure(
     timeout: float,
     host_limit: int | None = None,
 ):
-    """One short fit in a fresh process tree: (per-device GPU peaks, host peak of the tree, each rank's resident
-    memory by stage, rank 0's speed and losses, failure or None, seconds in where ``host_limit`` stopped it or
-    None)."""
+    """One short fit in a fresh process tree: (per-device GPU peaks allocated, and reserved, host peak of the
+    tree, each rank's resident memory by stage, rank 0's speed and losses, failure or None, seconds in where
+    ``host_limit`` stopped it or None)."""
     with tempfile.TemporaryDirectory(prefix="memory-accuracy-") as scratch:
         spec = Path(scratch, "spec.json")
         spec.write_text(json.dumps({**dataclasses.asdict(configuration), "settings": settings, "steps": steps,
@@ -424,13 +427,14 @@ def measure(
         ranks = sorted(Path(scratch).glob("rank-*.json"))
         records = [json.loads(path.read_text()) for path in ranks]
         gpu_peaks = [record["max_memory_allocated"] for record in records]
+        reserved = [record["max_memory_reserved"] for record in records]
         stages = [json.loads(path.read_text()) for path in sorted(Path(scratch).glob("stages-*.json"))]
         returned = all(launched.returncode == 0 for launched in processes)
         failure = None if returned and gpu_peaks else output[-3000:]
         if failure:
             print(json.dumps({"host_timeline_gib": sampler.timeline}))
         speed = records[0]["speed"] and {**records[0]["speed"], "phases": records[0]["phases"]} if records else None
-        return gpu_peaks, host_peak, stages, speed, failure, sampler.stopped_at
+        return gpu_peaks, reserved, host_peak, stages, speed, failure, sampler.stopped_at
 
 
 def launcher(configuration: Configuration, node: int) -> list[str]:
@@ -611,10 +615,14 @@ def child(spec_path: Path) -> None:
     optimizer = optimizer_for(name.removeprefix(BUILTIN), spec["settings"], spec["accelerator"])
     trainer.fit(GPTModule(workload, optimizer), loader)
     device = trainer.strategy.root_device
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    on_gpu = device.type == "cuda"
+    # Reserved beside allocated: what the caching allocator held, the evidence for the planner's fragmentation
+    # share and choice margin near a full GPU.
+    allocated = torch.cuda.max_memory_allocated(device) if on_gpu else None
+    reserved = torch.cuda.max_memory_reserved(device) if on_gpu else None
     # The stages are in their own file already (written as each was reached).
-    record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": peak,
-              "speed": speed(steps), "phases": phases.steps}  # fmt: skip
+    record = {"rank": trainer.global_rank, "device": str(device), "max_memory_allocated": allocated,
+              "max_memory_reserved": reserved, "speed": speed(steps), "phases": phases.steps}  # fmt: skip
     Path(spec["results"], f"rank-{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
@@ -674,7 +682,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
     for configuration in configurations:
         predicted = prediction(configuration, arguments.gpu_memory, arguments.host_memory, arguments.accelerator)
         limit = None if arguments.host_limit is None else int(arguments.host_limit * 2**30)
-        gpu_peaks, host_peak, host_stages, speed, failure, stopped_at = measure(
+        gpu_peaks, reserved, host_peak, host_stages, speed, failure, stopped_at = measure(
             configuration, predicted["settings"], arguments.steps, arguments.accelerator, arguments.timeout, limit
         )
         gpu_measured = max(gpu_peaks) / 2**30 if gpu_peaks and None not in gpu_peaks else None
@@ -690,6 +698,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
             "gpu_predicted_gib": predicted["gpu_peak_gib"],
             "gpu_measured_gib": gpu_measured,
             "gpu_measured_per_device_gib": [peak / 2**30 for peak in gpu_peaks if peak is not None],
+            "gpu_reserved_per_device_gib": [peak / 2**30 for peak in reserved if peak is not None],
             "gpu_error": gpu_error,
             "host_predicted_gib": predicted["host_peak_gib"],
             "host_measured_gib": host_measured,
