@@ -10,6 +10,10 @@ test_gradient_buffers.py):
 - "hosted-accumulating": the same with offloaded_gradients_on_gpu, so every slot goes to one 16-bit buffer where
   backward runs (the CPU here, standing in for the GPU), copied to the fp32 gradients once an optimizer step.
 - "deepspeed": DeepSpeed's own all-parameter buffer, left in place.
+
+The model is four linear layers, or with a second argument a tiny Hugging Face ``transformers`` model of that
+family from the conformance kit ("gpt2": tied input and output embeddings, so one parameter takes gradients
+from two places in a micro-batch; "llama").
 """
 
 from __future__ import annotations
@@ -47,6 +51,39 @@ class Layers(LightningModule):
         return DeepSpeedCPUAdam(self.parameters(), lr=0.01)
 
 
+class CausalLanguageModel(LightningModule):
+    """A tiny model of a ``transformers`` family, its own initialisation, trained on random token ids."""
+
+    def __init__(self, family: str) -> None:
+        super().__init__()
+        import transformers
+
+        from lightning_strategies.conformance.hugging_face import tiny_config
+
+        self.model = transformers.AutoModelForCausalLM.from_config(tiny_config(family))
+        self.losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        (tokens,) = batch
+        loss = self.model(input_ids=tokens, labels=tokens).loss
+        self.losses.append(loss.item())
+        return loss
+
+    def configure_optimizers(self):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(self.parameters(), lr=0.01)
+
+
+def model_and_data(family: str | None) -> tuple[LightningModule, TensorDataset]:
+    if family is None:
+        return Layers(), TensorDataset(torch.randn(24, 32), torch.randn(24, 32))
+    from lightning_strategies.conformance.hugging_face import LENGTH, VOCABULARY
+
+    # One batch of four sequences, six times: random tokens are learnt only where they come again.
+    return CausalLanguageModel(family), TensorDataset(torch.randint(0, VOCABULARY, (4, LENGTH)).repeat(6, 1))
+
+
 placements: list[gradient_buffers.GradientPlacement | None] = []
 
 
@@ -71,7 +108,7 @@ def placement_for(way: str):
     return place
 
 
-def train(way: str) -> dict:
+def train(way: str, family: str | None) -> dict:
     body.keep_gradients_with_their_optimizer = placement_for(way)
     seed_everything(7)
     trainer = Trainer(
@@ -85,8 +122,7 @@ def train(way: str) -> dict:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    model = Layers()
-    data = TensorDataset(torch.randn(24, 32), torch.randn(24, 32))
+    model, data = model_and_data(family)
     trainer.fit(model, DataLoader(data, batch_size=4))
     optimizer = trainer.strategy.model.optimizer
     slots = getattr(optimizer, SLOTS)
@@ -109,7 +145,9 @@ def train(way: str) -> dict:
 
 
 def main() -> None:
-    results = {way: train(way) for way in ("kept", "hosted", "hosted-fp32", "hosted-accumulating", "deepspeed")}
+    family = sys.argv[2] if len(sys.argv) > 2 else None
+    ways = ("kept", "hosted", "hosted-fp32", "hosted-accumulating", "deepspeed")
+    results = {way: train(way, family) for way in ways}
     with open(sys.argv[1], "w") as file:
         json.dump(results, file)
 

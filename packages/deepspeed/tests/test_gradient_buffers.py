@@ -18,13 +18,17 @@ from lightning_strategies_deepspeed import gradient_buffers
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def ways(tmp_path_factory):
-    out = tmp_path_factory.mktemp("placement") / "result.json"
-    command = [sys.executable, str(HERE / "gradient_placement_script.py"), str(out)]
+def train_every_way(folder: Path, *family: str) -> dict:
+    out = folder / "result.json"
+    command = [sys.executable, str(HERE / "gradient_placement_script.py"), str(out), *family]
     result = subprocess.run(command, capture_output=True, text=True, env=clean_environment(), timeout=900)
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def ways(tmp_path_factory):
+    return train_every_way(tmp_path_factory.mktemp("placement"))
 
 
 @pytest.mark.parametrize(("way", "side"), [("kept", "kept_elements"), ("hosted-fp32", "host_elements")])
@@ -62,6 +66,24 @@ def test_training_is_what_deepspeeds_own_buffers_give(ways, way):
     assert len(reference["losses"]) == 6  # 3 optimizer steps of 2 micro-batches
     assert ways[way]["losses"] == reference["losses"]
     assert ways[way]["weights"] == reference["weights"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_hugging_face_models_train_alike_wherever_their_gradients_accumulate(tmp_path, family):
+    """transformers' own modules (GPT-2's Conv1D and its tied input and output embeddings, which take gradients
+    from two places in each micro-batch; Llama's), through every placement: the losses and weights of DeepSpeed's
+    own buffers, exactly, with each placement holding the slots it promises."""
+    runs = train_every_way(tmp_path, family)
+    reference = runs["deepspeed"]
+    assert len(reference["losses"]) == 6 and reference["losses"][-1] < reference["losses"][0]
+    for way in ("kept", "hosted", "hosted-fp32", "hosted-accumulating"):
+        assert runs[way]["losses"] == reference["losses"], way
+        assert runs[way]["weights"] == reference["weights"], way
+        assert runs[way]["slots"] == reference["slots"] > 0
+    elements = reference["parameter_elements"]
+    assert runs["hosted-accumulating"]["placement"]["device_elements"] == elements
+    assert runs["hosted"]["placement"]["host_elements"] == runs["hosted-fp32"]["placement"]["host_elements"] == elements
+    assert runs["kept"]["placement"]["kept_elements"] == elements
 
 
 @pytest.mark.parametrize(
