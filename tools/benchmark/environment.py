@@ -43,6 +43,14 @@ def collect() -> dict[str, Any]:
     }
 
 
+# Settings read from the environment that change set-up or memory, kept with each record.
+RECORDED_SETTINGS = ("THP_MEM_ALLOC_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def recorded_settings() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in RECORDED_SETTINGS}
+
+
 def device_facts() -> dict[str, Any]:
     probe = subprocess.run(
         [sys.executable, "-c", _DEVICE_PROBE],

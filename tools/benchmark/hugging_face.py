@@ -374,8 +374,7 @@ def record(
         "float8": arguments.float8, "lr": arguments.lr, "seed": arguments.seed,
         "data": str(arguments.text) if arguments.text else "random tokens",
         "data_bytes": tokens * arguments.steps if arguments.text else None,  # each sequence once
-        # Settings read from the environment that change set-up or memory.
-        "environment": {name: os.environ.get(name) for name in ("THP_MEM_ALLOC_ENABLE", "PYTORCH_CUDA_ALLOC_CONF")},
+        "environment": environment.recorded_settings(),
         "parameters": parameters, "devices": trainer.world_size,
         "source": "from_pretrained" if arguments.pretrained else "from_config",
         "page_cache": ("evicted" if arguments.evicted else "as found") if arguments.pretrained else None,

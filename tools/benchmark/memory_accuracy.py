@@ -677,6 +677,7 @@ def run(configurations: list[Configuration], arguments: argparse.Namespace) -> l
         "git_commit": facts["git_commit"],
         "python": facts["python"],
         "versions": facts["versions"],
+        "environment": environment.recorded_settings(),
     }
     records = []
     for configuration in configurations:

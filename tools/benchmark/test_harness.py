@@ -753,40 +753,66 @@ def test_the_13b_rows_with_the_gradients_on_the_gpu_are_the_records() -> None:
 
 
 def test_the_13b_repeats_at_32_micro_batches_are_the_record() -> None:
-    """docs/which-strategy.md's three runs of each at 32 micro-batches (the plan's settings, then the GPU buffer),
-    figure by figure from its record: the step after the first, medians, spreads, the ratio, the reserved peaks."""
+    """docs/which-strategy.md's three runs of each at 32 micro-batches (the plan's settings and the GPU buffer, one
+    pair a call), figure by figure from its record: the step after the first, medians, spreads, the ratio, the
+    GPU peaks, and the planner's constants the bullets name."""
+    from lightning_strategies.planning.candidates import CHOICE_MARGIN
+    from lightning_strategies.planning.fitted import FITTED
+
     record = REPOSITORY / "docs" / "results" / "2026-11-30-h200-memory-accuracy-ds3-13b-accumulate-32-repeats-1x.json"
     docs = (REPOSITORY / "docs" / "which-strategy.md").read_text()
-    flat = " ".join(docs.split())
-    runs = json.loads(record.read_text())
-    assert {run["call"] for run in runs} == {1, 2, 3} and not any(run["failure"] for run in runs)
-    medians = {}
+    section = docs[docs.index("Three runs of each at 32 micro-batches") : docs.index("## The largest model on one GPU")]
+    flat = " ".join(section.split())
+    runs = sorted(json.loads(record.read_text()), key=lambda run: run["call"])
+    assert not any(run["failure"] for run in runs)
+    for call in (1, 2, 3):
+        assert sorted(run["id"] for run in runs if run["call"] == call) == [
+            "largest-ds3-13b-accumulate-32", "largest-ds3-13b-accumulate-32-on-gpu"
+        ]  # fmt: skip
+    (commit,), (date,) = {run["git_commit"] for run in runs}, {run["date"] for run in runs}
+    (allocator,) = {run["environment"]["PYTORCH_CUDA_ALLOC_CONF"] for run in runs}
+    assert f"{date}, commit {commit}, `PYTORCH_CUDA_ALLOC_CONF={allocator}`" in flat
+    medians, mfus, peaks = {}, {}, {}
     for name, label in (
         ("largest-ds3-13b-accumulate-32", "| in their fp32 gradients on the host (the plan's settings) | "),
         ("largest-ds3-13b-accumulate-32-on-gpu", "| on the GPU | "),
     ):
         group = [run for run in runs if run["id"] == name]
         assert len(group) == 3 and {run["accumulate"] for run in group} == {32}
+        assert {len(run["speed"]["phases"]) for run in group} == {2}  # the first step, then the one timed
         tokens = [run["speed"]["tokens_per_second"] for run in group]
-        timed = [run["speed"]["phases"][1] for run in group]
-        forward_backward = [phase["forward_backward_s"] for phase in timed]
-        optimizer = [phase["optimizer_s"] for phase in timed]
+        forward_backward = [run["speed"]["phases"][1]["forward_backward_s"] for run in group]
+        optimizer = [run["speed"]["phases"][1]["optimizer_s"] for run in group]
         medians[name] = statistics.median(tokens)
+        mfus[name] = f"{100 * statistics.median(run['speed']['mfu'] for run in group):.1f}%"
+        (allocated,) = {run["gpu_measured_gib"] for run in group}
         (reserved,) = {run["gpu_reserved_per_device_gib"][0] for run in group}
+        peaks[name] = allocated, reserved
+        median, mfu = f"{round(medians[name]):,}", mfus[name]
         row = (
             label + ", ".join(f"{round(value):,}" for value in tokens) + " |",
-            f"{round(medians[name]):,}",
             f"| {100 * (max(tokens) - min(tokens)) / min(tokens):.1f}% |",
-            f"{100 * statistics.median(run['speed']['mfu'] for run in group):.1f}%",
             f"| {min(forward_backward):.1f} to {max(forward_backward):.1f} s |",
             f"| {min(optimizer):.1f} to {max(optimizer):.1f} s |",
-            f"| {group[0]['gpu_measured_gib']:.1f} / {reserved:.1f} GiB |",
+            f"| {allocated:.1f} / {reserved:.1f} GiB |",
         )
-        assert any(all(part in line for part in row) for line in docs.splitlines()), (name, row)
-    ratio = medians["largest-ds3-13b-accumulate-32-on-gpu"] / medians["largest-ds3-13b-accumulate-32"]
-    assert f"{ratio:.2f}x faster at 32 micro-batches" in flat
-    buffer = next(run for run in runs if run["id"] == "largest-ds3-13b-accumulate-32-on-gpu")
-    held = buffer["gpu_reserved_per_device_gib"][0] - buffer["gpu_measured_gib"]
+        lines = [line for line in section.splitlines() if all(part in line for part in row)]
+        assert len(lines) == 1, (name, row)
+        cells = [cell.strip().strip("*") for cell in lines[0].split("|")]
+        assert cells[3] == median and cells[5] == mfu, (name, cells)
+    plan, buffer = "largest-ds3-13b-accumulate-32", "largest-ds3-13b-accumulate-32-on-gpu"
+    assert f"{medians[buffer] / medians[plan]:.2f}x faster at 32 micro-batches" in flat
+    assert min(run["speed"]["tokens_per_second"] for run in runs if run["id"] == buffer) > max(
+        run["speed"]["tokens_per_second"] for run in runs if run["id"] == plan
+    )  # "every run with it was faster than every run without"
+    assert f"reaches {mfus[plan]} MFU at this batch; with the buffer, {mfus[buffer]}." in flat
+    allocated, reserved = peaks[buffer]
     device_gib = 139.8  # the H200 as torch reports it (docs/which-strategy.md, "as detected")
-    assert f"{buffer['gpu_reserved_per_device_gib'][0]:.1f} GiB of the {device_gib}" in flat
-    assert f"held {held:.1f} GiB beyond what it handed out, {100 * held / device_gib:.1f}% of the device" in flat
+    assert f"{reserved:.1f} GiB of the {device_gib} was reserved, {reserved - allocated:.1f} GiB above" in flat
+    assert f"{100 * (reserved - allocated) / device_gib:.1f}% of the device" in flat
+    fragmentation = FITTED["ALLOCATOR_FRAGMENTATION"].value
+    assert f"planner counts {100 * fragmentation:.0f}% of the device less its CUDA context" in flat
+    assert f"the {100 * CHOICE_MARGIN:.0f}% margin" in flat
+    summary = " ".join(docs.split())
+    assert f"at {mfus[buffer]} (median of three runs)" in summary
+    assert f"({mfus[buffer]} at 32, median of three runs)" in summary

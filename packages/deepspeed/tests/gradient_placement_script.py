@@ -1,5 +1,5 @@
 """Trains a small model on one CPU process with ZeRO-3 offloading half of the optimizer states, 2 micro-batches
-an optimizer step, three ways, and writes each way's losses, final weights and gradient slots (run by
+an optimizer step, five ways, and writes each way's losses, final weights and gradient slots (run by
 test_gradient_buffers.py):
 
 - "kept": the strategy as shipped. On a CPU run backward produces gradients where every sub-group's fp32
@@ -19,6 +19,7 @@ from two places in a micro-batch; "llama").
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
 
@@ -141,11 +142,22 @@ def train(way: str, family: str | None) -> dict:
         "deepspeed_buffer_elements": 0 if buffer is None else buffer.numel(),
         "placement": None if placements[-1] is None else dataclasses.asdict(placements[-1]),
         "parameter_elements": sum(group.numel() for group in optimizer.fp32_partitioned_groups_flat),
+        "tied_embeddings": tied(model),
     }
+
+
+def tied(model: LightningModule) -> bool | None:
+    """Whether the Hugging Face model's output embedding is still its input embedding after training."""
+    if not isinstance(model, CausalLanguageModel):
+        return None
+    return model.model.get_output_embeddings().weight is model.model.get_input_embeddings().weight
 
 
 def main() -> None:
     family = sys.argv[2] if len(sys.argv) > 2 else None
+    if family:
+        # Before the first way seeds its run, so that no import draws from one way's random state alone.
+        importlib.import_module("transformers")
     ways = ("kept", "hosted", "hosted-fp32", "hosted-accumulating", "deepspeed")
     results = {way: train(way, family) for way in ways}
     with open(sys.argv[1], "w") as file:
