@@ -176,6 +176,24 @@ def test_the_offloaded_gradients_accumulate_on_the_gpu_where_that_needs_no_large
     fp16 = dataclasses.replace(Workload.build("6.7B"), precision="16-mixed")
     (partial,) = [c for c in candidates(fp16, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
     assert not [name for name in partial.settings if name.startswith("offloaded_")]
+    assert not [note for note in partial.notes if "offloaded_gradients_on_gpu" in note]
+
+
+def test_where_the_gpu_buffer_is_left_out_the_plan_says_what_it_would_cost():
+    """13.1B on one H200: the plan keeps fp32 host gradients and names the faster option with its GPU peak, as
+    predicted with the buffer at the plan's own share (measured there: 130.3 GiB allocated); where the plan
+    chose the buffer, no such note."""
+    workload = Workload.build(layers=40, hidden=5120, micro_batch=8, activation_checkpointing=True)
+    (partial,) = [c for c in candidates(workload, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+    with_buffer = {**partial.settings, "offloaded_gradients_on_gpu": True}
+    del with_buffer["offloaded_gradients_in_fp32"]
+    ratio = partial.settings["offload_optimizer"]
+    expected = predict(workload, 1, ZeroSetting(3, ratio), with_buffer).gpu_bytes / GIB
+    assert expected > partial.gpu_peak_gib
+    (note,) = [note for note in partial.notes if "offloaded_gradients_on_gpu=True" in note]
+    assert f"{expected:.1f} GiB of each GPU predicted with it" in note and "Which strategy?" in note
+    (chosen,) = [c for c in candidates(Workload.build("6.7B"), ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+    assert chosen.settings["offloaded_gradients_on_gpu"] and not [n for n in chosen.notes if "trains faster" in n]
 
 
 def test_the_chosen_ratio_is_the_least_that_fits_and_comes_with_sub_groups():

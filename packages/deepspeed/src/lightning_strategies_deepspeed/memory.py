@@ -18,6 +18,7 @@ from typing import Any
 
 from lightning_strategies.planning import (
     CPU_PROCESSES,
+    GIB,
     Candidate,
     Fitted,
     Machine,
@@ -290,7 +291,10 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
     ]
     gradients, ratio = partial_offload(workload, machine)
     if ratio is not None and 0 < ratio < 1:
-        found.append(_candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0, gradients))
+        partial = _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0, gradients)
+        if gradients != ON_GPU and not workload.precision.startswith("16"):
+            partial.notes.append(gradient_buffer_note(workload, machine, ratio, partial.settings))
+        found.append(partial)
     full, full_in_fp32 = (
         _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2, option) for option in (None, IN_FP32)
     )
@@ -320,6 +324,18 @@ def partial_offload(workload: Workload, machine: Machine) -> tuple[str | None, f
     if on_gpu is not None and on_host[1] is not None and on_gpu <= on_host[1]:
         return ON_GPU, on_gpu
     return on_host
+
+
+def gradient_buffer_note(workload: Workload, machine: Machine, ratio: float, chosen: dict[str, Any]) -> str:
+    """What the plan's share costs with the offloaded gradients on the GPU, which it left out for want of room:
+    the option that trains fastest where a step accumulates several micro-batches, for the user to weigh."""
+    with_buffer = {**{k: v for k, v in chosen.items() if k != IN_FP32}, ON_GPU: True}
+    gpus = max(1, machine.gpus)
+    gpu_bytes = predict(workload, gpus, ZeroSetting(3, ratio), with_buffer, machine.processes_per_node).gpu_bytes
+    return (
+        f"with several micro-batches a step, {ON_GPU}=True trains faster: {gpu_bytes / GIB:.1f} GiB of each GPU "
+        "predicted with it, more than the plan leaves itself (docs: Which strategy?, DeepSpeed's offload ratio)"
+    )
 
 
 def cpu_candidates(workload: Workload, machine: Machine) -> list[Candidate]:
