@@ -331,7 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = "adamw"
     if arguments.strategy.startswith("colossalai"):
         optimizer = "hybrid"
-    elif "deepspeed" in arguments.strategy and "offload" in arguments.strategy:
+    elif "deepspeed" in arguments.strategy and (
+        "offload" in arguments.strategy or arguments.options.get("offload_optimizer")
+    ):
         optimizer = "deepspeed_cpu_adam"
     module = Llama(
         arguments.size, arguments.pretrained, optimizer, arguments.batch, arguments.length, arguments.steps,
