@@ -816,3 +816,30 @@ def test_the_13b_repeats_at_32_micro_batches_are_the_record() -> None:
     summary = " ".join(docs.split())
     assert f"at {mfus[buffer]} (median of three runs)" in summary
     assert f"({mfus[buffer]} at 32, median of three runs)" in summary
+
+
+def test_the_1b_gradient_placements_are_the_records() -> None:
+    """docs/hugging-face.md's paragraph on the Llama 1B through both places for the offloaded gradients, from its
+    records: the run's settings, losses, speeds, GPU memory and the strategy's own lines on the placement."""
+    stem = REPOSITORY / "docs" / "results" / "2026-11-30-h200-hugging-face-1b-ds3-gradient-placement"
+    flat = " ".join((REPOSITORY / "docs" / "hugging-face.md").read_text().split())
+    runs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
+    lines = stem.with_suffix(".txt").read_text().splitlines()
+    assert [sorted(run["options"]) for run in runs] == [
+        ["offload_optimizer", "offloaded_gradients_on_gpu", "sub_group_size"],
+        ["offload_optimizer", "offloaded_gradients_in_fp32", "sub_group_size"],
+    ]
+    (commit,) = {run["git_commit"] for run in runs}
+    assert {run["options"]["offload_optimizer"] for run in runs} == {0.5} and f"commit {commit}" in flat
+    assert {(run["steps"], run["tokens_per_step"], run["devices"]) for run in runs} == {(8, 4 * 2048, 1)}
+    (first,) = {round(run["first_loss"], 2) for run in runs}
+    (last,) = {round(run["last_loss"], 3) for run in runs}
+    assert f"losses went from {first} to {last} both ways" in flat
+    speeds = " and ".join(f"{run['tokens_per_second']:,}" for run in runs)
+    reserved = " and ".join(f"{run['peak_gpu_reserved_gib']}" for run in runs)
+    assert f"at {speeds} tokens/s, with {reserved} GiB of GPU memory reserved" in flat
+    on_gpu, in_fp32 = lines
+    offloaded = "547,399,680"
+    assert on_gpu.startswith("offloaded_gradients_on_gpu:") and f"{offloaded} in a buffer of the working" in on_gpu
+    assert in_fp32.startswith("offloaded_gradients_in_fp32:") and f"{offloaded} on the host (in their fp32" in in_fp32
+    assert f"The offloaded share, {offloaded} elements" in flat
