@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = "adamw"
     if arguments.strategy.startswith("colossalai"):
         optimizer = "hybrid"
-    elif "deepspeed" in arguments.strategy and (
-        "offload" in arguments.strategy or arguments.options.get("offload_optimizer")
+    elif "deepspeed" in arguments.strategy and arguments.options.get(
+        "offload_optimizer", "offload" in arguments.strategy
     ):
         optimizer = "deepspeed_cpu_adam"
     module = Llama(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -822,24 +823,44 @@ def test_the_1b_gradient_placements_are_the_records() -> None:
     """docs/hugging-face.md's paragraph on the Llama 1B through both places for the offloaded gradients, from its
     records: the run's settings, losses, speeds, GPU memory and the strategy's own lines on the placement."""
     stem = REPOSITORY / "docs" / "results" / "2026-11-30-h200-hugging-face-1b-ds3-gradient-placement"
-    flat = " ".join((REPOSITORY / "docs" / "hugging-face.md").read_text().split())
+    docs = " ".join((REPOSITORY / "docs" / "hugging-face.md").read_text().split())
+    flat = docs[docs.index("`deepspeed_stage_3` with part of the optimizer offloaded trains this Llama 1B") :]
+    flat = flat[: flat.index("([measured at 13.1B]")]
     runs = [json.loads(line) for line in stem.with_suffix(".jsonl").read_text().splitlines()]
     lines = stem.with_suffix(".txt").read_text().splitlines()
-    assert [sorted(run["options"]) for run in runs] == [
-        ["offload_optimizer", "offloaded_gradients_on_gpu", "sub_group_size"],
-        ["offload_optimizer", "offloaded_gradients_in_fp32", "sub_group_size"],
+    placements = ["offloaded_gradients_on_gpu", "offloaded_gradients_in_fp32"]  # the order the prose names them
+    assert [[name for name in run["options"] if name.startswith("offloaded_")] for run in runs] == [
+        [placement] for placement in placements
     ]
-    (commit,) = {run["git_commit"] for run in runs}
-    assert {run["options"]["offload_optimizer"] for run in runs} == {0.5} and f"commit {commit}" in flat
-    assert {(run["steps"], run["tokens_per_step"], run["devices"]) for run in runs} == {(8, 4 * 2048, 1)}
+    assert f"with `{placements[0]}=True` or `{placements[1]}=True`" in flat
+    (ratio,), (sub_group,) = (
+        {run["options"]["offload_optimizer"] for run in runs},
+        {run["options"]["sub_group_size"] for run in runs},
+    )
+    assert f"`offload_optimizer={ratio}, sub_group_size={sub_group:_}`" in flat
+    (commit,), (date,) = {run["git_commit"] for run in runs}, {run["date"] for run in runs}
+    assert f"{date}, commit {commit}" in flat and {run["device"] for run in runs} == {"NVIDIA H200"}
+    ((steps, tokens, devices, size),) = {
+        (run["steps"], run["tokens_per_step"], run["devices"], run["size"]) for run in runs
+    }
+    assert (devices, size) == (1, "1b") and f"One H200, from the config, {steps} steps of 4 x 2048 tokens" in flat
+    assert tokens == 4 * 2048 and {run["source"] for run in runs} == {"from_config"}
     (first,) = {round(run["first_loss"], 2) for run in runs}
     (last,) = {round(run["last_loss"], 3) for run in runs}
     assert f"losses went from {first} to {last} both ways" in flat
     speeds = " and ".join(f"{run['tokens_per_second']:,}" for run in runs)
     reserved = " and ".join(f"{run['peak_gpu_reserved_gib']}" for run in runs)
     assert f"at {speeds} tokens/s, with {reserved} GiB of GPU memory reserved" in flat
-    on_gpu, in_fp32 = lines
-    offloaded = "547,399,680"
-    assert on_gpu.startswith("offloaded_gradients_on_gpu:") and f"{offloaded} in a buffer of the working" in on_gpu
-    assert in_fp32.startswith("offloaded_gradients_in_fp32:") and f"{offloaded} on the host (in their fp32" in in_fp32
+    counts = (
+        r"gradients: ([\d,]+) elements accumulate in fp32 beside their optimizer on cuda, ([\d,]+) {}.* all ([\d,]+)$"
+    )
+    on_gpu = re.fullmatch(
+        f"{placements[0]}: ZeRO-3 " + counts.format("in a buffer of the working precision on cuda"), lines[0]
+    )
+    in_fp32 = re.fullmatch(
+        f"{placements[1]}: ZeRO-3 " + counts.format(r"on the host \(in their fp32 gradients"), lines[1]
+    )
+    assert on_gpu and in_fp32 and on_gpu.groups() == in_fp32.groups() and len(lines) == 2
+    kept, offloaded, whole = on_gpu.groups()
+    assert sum(int(count.replace(",", "")) for count in (kept, offloaded)) == int(whole.replace(",", ""))
     assert f"The offloaded share, {offloaded} elements" in flat

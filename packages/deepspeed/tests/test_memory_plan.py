@@ -13,7 +13,15 @@ import pytest
 from conftest import clean_environment
 
 from lightning_strategies.parameters import ObsoleteParameterWarning
-from lightning_strategies.planning import GIB, Machine, Workload, activation_bytes, host_base_bytes, unfound_evidence
+from lightning_strategies.planning import (
+    GIB,
+    Machine,
+    Workload,
+    activation_bytes,
+    host_base_bytes,
+    unfound_evidence,
+    with_choice_margin,
+)
 from lightning_strategies_deepspeed import config as settings
 from lightning_strategies_deepspeed.defaults import DEFAULTS
 from lightning_strategies_deepspeed.memory import (
@@ -179,21 +187,35 @@ def test_the_offloaded_gradients_accumulate_on_the_gpu_where_that_needs_no_large
     assert not [note for note in partial.notes if "offloaded_gradients_on_gpu" in note]
 
 
-def test_where_the_gpu_buffer_is_left_out_the_plan_says_what_it_would_cost():
-    """13.1B on one H200: the plan keeps fp32 host gradients and names the faster option with its GPU peak, as
-    predicted with the buffer at the plan's own share (measured there: 130.3 GiB allocated); where the plan
-    chose the buffer, no such note."""
+def test_where_the_gpu_buffer_is_left_out_the_plan_says_what_it_would_take():
+    """13.1B on one H200: no share fits the buffer, so the note gives its peak at the plan's share (measured there:
+    130.3 GiB allocated) against the memory the plan chooses within. 6.7B on an 80 GiB GPU: the plan keeps the
+    16-bit host slots, and the note names the larger share at which the buffer fits. Where the plan chose the
+    buffer, no note."""
     workload = Workload.build(layers=40, hidden=5120, micro_batch=8, activation_checkpointing=True)
     (partial,) = [c for c in candidates(workload, ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
+    assert choose_offload_ratio(workload, ISSUE_MACHINE, "offloaded_gradients_on_gpu") is None
     with_buffer = {**partial.settings, "offloaded_gradients_on_gpu": True}
     del with_buffer["offloaded_gradients_in_fp32"]
-    ratio = partial.settings["offload_optimizer"]
-    expected = predict(workload, 1, ZeroSetting(3, ratio), with_buffer).gpu_bytes / GIB
-    assert expected > partial.gpu_peak_gib
+    expected = predict(workload, 1, ZeroSetting(3, partial.settings["offload_optimizer"]), with_buffer).gpu_bytes
+    within = with_choice_margin(ISSUE_MACHINE).gpu_budget_bytes
+    assert expected > ISSUE_MACHINE.gpu_budget_bytes > within
     (note,) = [note for note in partial.notes if "offloaded_gradients_on_gpu=True" in note]
-    assert f"{expected:.1f} GiB of each GPU predicted with it" in note and "Which strategy?" in note
+    assert f"predicts {expected / GIB:.1f} GiB of each GPU, above the {within / GIB:.1f} GiB" in note
+    assert f"{ISSUE_MACHINE.gpu_budget_bytes / GIB:.1f} GiB it counts as usable" in note
+
+    smaller = Workload.build("6.7B", micro_batch=1, activation_checkpointing=True)
+    h100 = Machine(gpus=1, gpu_memory_bytes=80 * GIB, host_memory_bytes=64 * GIB)
+    (partial,) = [c for c in candidates(smaller, h100) if 0 < c.offloaded_fraction < 0.8]
+    assert not [name for name in partial.settings if name.startswith("offloaded_")]  # the 16-bit host slots
+    buffered = choose_offload_ratio(smaller, h100, "offloaded_gradients_on_gpu")
+    assert buffered is not None and partial.settings["offload_optimizer"] < buffered < 1
+    (note,) = [note for note in partial.notes if "offloaded_gradients_on_gpu=True" in note]
+    assert f"the plan would offload more, offload_optimizer={round(buffered, 3)} (sub_group_size=" in note
+
     (chosen,) = [c for c in candidates(Workload.build("6.7B"), ISSUE_MACHINE) if 0 < c.offloaded_fraction < 0.8]
-    assert chosen.settings["offloaded_gradients_on_gpu"] and not [n for n in chosen.notes if "trains faster" in n]
+    assert chosen.settings["offloaded_gradients_on_gpu"]
+    assert not [note for note in chosen.notes if "offloaded_gradients_on_gpu=True" in note]
 
 
 def test_the_chosen_ratio_is_the_least_that_fits_and_comes_with_sub_groups():

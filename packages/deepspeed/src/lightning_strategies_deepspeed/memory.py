@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from lightning_strategies.planning import (
+    CHOICE_MARGIN,
     CPU_PROCESSES,
     GIB,
     Candidate,
@@ -327,14 +328,29 @@ def partial_offload(workload: Workload, machine: Machine) -> tuple[str | None, f
 
 
 def gradient_buffer_note(workload: Workload, machine: Machine, ratio: float, chosen: dict[str, Any]) -> str:
-    """What the plan's share costs with the offloaded gradients on the GPU, which it left out for want of room:
-    the option that trains fastest where a step accumulates several micro-batches, for the user to weigh."""
-    with_buffer = {**{k: v for k, v in chosen.items() if k != IN_FP32}, ON_GPU: True}
+    """Where the plan left out the GPU buffer for the offloaded share's gradients: what the buffer is for, and
+    what it would take (the share at which it fits the plan's margin, or its peak at the plan's share)."""
     gpus = max(1, machine.gpus)
+    what = (
+        f"{ON_GPU}=True keeps the offloaded share's gradients on the GPU until the optimizer step instead of "
+        "sending them to the host every micro-batch (docs: Which strategy?, DeepSpeed's offload ratio)"
+    )
+    buffered = choose_offload_ratio(workload, machine, ON_GPU)
+    if buffered is not None and buffered < 1:
+        settings = _settings(ZeroSetting(3, buffered), workload, gpus, ON_GPU)
+        peaks = predict(workload, gpus, ZeroSetting(3, buffered), settings, machine.processes_per_node)
+        return (
+            f"{what}; with it the plan would offload more, offload_optimizer={settings['offload_optimizer']} "
+            f"(sub_group_size={settings['sub_group_size']}): {peaks.gpu_bytes / GIB:.1f} GiB of each GPU, "
+            f"{peaks.host_bytes / GIB:.1f} GiB of host memory"
+        )
+    with_buffer = {**{k: v for k, v in chosen.items() if k != IN_FP32}, ON_GPU: True}
     gpu_bytes = predict(workload, gpus, ZeroSetting(3, ratio), with_buffer, machine.processes_per_node).gpu_bytes
+    within = with_choice_margin(machine).gpu_budget_bytes
     return (
-        f"with several micro-batches a step, {ON_GPU}=True trains faster: {gpu_bytes / GIB:.1f} GiB of each GPU "
-        "predicted with it, more than the plan leaves itself (docs: Which strategy?, DeepSpeed's offload ratio)"
+        f"{what}; at this share it predicts {gpu_bytes / GIB:.1f} GiB of each GPU, above the {within / GIB:.1f} GiB "
+        f"the plan chooses within ({CHOICE_MARGIN:.0%} less than the {machine.gpu_budget_bytes / GIB:.1f} GiB it "
+        "counts as usable), and no larger share fits it"
     )
 
 
