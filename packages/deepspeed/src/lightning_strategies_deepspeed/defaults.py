@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-# The constructor parameters that shape the config, with the defaults of the seed API.
 # This package's own settings, read by the strategy rather than written into DeepSpeed's config: where ZeRO-3's
 # offloaded share accumulates its gradients (gradient_buffers.py); with neither, in 16-bit host slots.
 IN_FP32, ON_GPU = "offloaded_gradients_in_fp32", "offloaded_gradients_on_gpu"
 GRADIENT_PLACEMENT = (IN_FP32, ON_GPU)
 
+# The constructor parameters that shape the config, with the defaults of the seed API.
 DEFAULTS: dict[str, Any] = {
     "zero_optimization": True,
     "stage": 2,

@@ -267,14 +267,19 @@ def _candidate(
     return candidate_from(name, prediction, machine, notes, preference)
 
 
+def partial_prediction(workload: Workload, machine: Machine, ratio: float, gradients: str | None = None) -> Prediction:
+    """ZeRO-3 with ``ratio`` of the optimizer offloaded, with the plan's settings for it (its sub-groups, and
+    ``gradients``, where the offloaded share's gradients accumulate), on ``machine``."""
+    gpus, setting = max(1, machine.gpus), ZeroSetting(3, ratio)
+    chosen = _settings(setting, workload, gpus, gradients)
+    return predict(workload, gpus, setting, chosen, machine.processes_per_node)
+
+
 def choose_offload_ratio(workload: Workload, machine: Machine, gradients: str | None = None) -> float | None:
     """The least share of optimizer states ZeRO-3 must offload for the GPU peak to fit with a margin."""
-    gpus = max(1, machine.gpus)
 
     def peaks(ratio: float) -> tuple[float, float]:
-        setting = ZeroSetting(3, ratio)
-        chosen = _settings(setting, workload, gpus, gradients)
-        prediction = predict(workload, gpus, setting, chosen, machine.processes_per_node)
+        prediction = partial_prediction(workload, machine, ratio, gradients)
         return prediction.gpu_bytes, prediction.host_bytes
 
     return smallest_fitting_fraction(peaks, with_choice_margin(machine))
@@ -290,11 +295,11 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
         _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3), 1),
         _candidate("deepspeed_stage_2_offload", workload, machine, ZeroSetting(2, 1.0), 1),
     ]
-    gradients, ratio = partial_offload(workload, machine)
+    gradients, ratio, buffered = partial_offload(workload, machine)
     if ratio is not None and 0 < ratio < 1:
         partial = _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, ratio), 0, gradients)
         if gradients != ON_GPU and not workload.precision.startswith("16"):
-            partial.notes.append(gradient_buffer_note(workload, machine, ratio, partial.settings))
+            partial.notes.append(gradient_buffer_note(workload, machine, ratio, buffered))
         found.append(partial)
     full, full_in_fp32 = (
         _candidate("deepspeed_stage_3", workload, machine, ZeroSetting(3, 1.0), 2, option) for option in (None, IN_FP32)
@@ -308,44 +313,42 @@ def candidates(workload: Workload, machine: Machine) -> list[Candidate]:
     return found
 
 
-def partial_offload(workload: Workload, machine: Machine) -> tuple[str | None, float | None]:
-    """Where the offloaded share's gradients accumulate, and the least share to offload with it.
+def partial_offload(workload: Workload, machine: Machine) -> tuple[str | None, float | None, float | None]:
+    """Where the offloaded share's gradients accumulate, the least share to offload with it, and the least share
+    with them on the GPU (None where none fits, or with fp16).
 
     On the GPU where that needs no larger share than the host would: one copy to the host an optimizer step
     instead of two every micro-batch, and no host slot. Else in host slots of the working precision; and in the
     fp32 gradients (twice the PCIe traffic of 16-bit slots) only where the host needs the bytes that saves. With
     fp16 DeepSpeed's own slots stay (its overflow check reads them), and neither setting applies.
     """
-    on_host: tuple[str | None, float | None] = None, choose_offload_ratio(workload, machine)
+    gradients, ratio = None, choose_offload_ratio(workload, machine)
     if workload.precision.startswith("16"):
-        return on_host
-    if on_host[1] is None:
-        on_host = IN_FP32, choose_offload_ratio(workload, machine, IN_FP32)
+        return gradients, ratio, None
+    if ratio is None:
+        gradients, ratio = IN_FP32, choose_offload_ratio(workload, machine, IN_FP32)
     on_gpu = choose_offload_ratio(workload, machine, ON_GPU)
-    if on_gpu is not None and on_host[1] is not None and on_gpu <= on_host[1]:
-        return ON_GPU, on_gpu
-    return on_host
+    if on_gpu is not None and ratio is not None and on_gpu <= ratio:
+        return ON_GPU, on_gpu, on_gpu
+    return gradients, ratio, on_gpu
 
 
-def gradient_buffer_note(workload: Workload, machine: Machine, ratio: float, chosen: dict[str, Any]) -> str:
-    """Where the plan left out the GPU buffer for the offloaded share's gradients: what the buffer is for, and
-    what it would take (the share at which it fits the plan's margin, or its peak at the plan's share)."""
-    gpus = max(1, machine.gpus)
+def gradient_buffer_note(workload: Workload, machine: Machine, ratio: float, buffered: float | None) -> str:
+    """Where the plan left out the GPU buffer for the offloaded share's gradients at its share ``ratio``: what the
+    buffer is for, and what it would take (``buffered``, the least share at which it fits the plan's margin, or
+    its peak at the plan's share)."""
     what = (
         f"{ON_GPU}=True keeps the offloaded share's gradients on the GPU until the optimizer step instead of "
         "sending them to the host every micro-batch (docs: Which strategy?, DeepSpeed's offload ratio)"
     )
-    buffered = choose_offload_ratio(workload, machine, ON_GPU)
     if buffered is not None and buffered < 1:
-        settings = _settings(ZeroSetting(3, buffered), workload, gpus, ON_GPU)
-        peaks = predict(workload, gpus, ZeroSetting(3, buffered), settings, machine.processes_per_node)
+        peaks = partial_prediction(workload, machine, buffered, ON_GPU)
         return (
-            f"{what}; with it the plan would offload more, offload_optimizer={settings['offload_optimizer']} "
-            f"(sub_group_size={settings['sub_group_size']}): {peaks.gpu_bytes / GIB:.1f} GiB of each GPU, "
+            f"{what}; with it the plan would offload more, offload_optimizer={peaks.settings['offload_optimizer']} "
+            f"(sub_group_size={peaks.settings['sub_group_size']}): {peaks.gpu_bytes / GIB:.1f} GiB of each GPU, "
             f"{peaks.host_bytes / GIB:.1f} GiB of host memory"
         )
-    with_buffer = {**{k: v for k, v in chosen.items() if k != IN_FP32}, ON_GPU: True}
-    gpu_bytes = predict(workload, gpus, ZeroSetting(3, ratio), with_buffer, machine.processes_per_node).gpu_bytes
+    gpu_bytes = partial_prediction(workload, machine, ratio, ON_GPU).gpu_bytes
     within = with_choice_margin(machine).gpu_budget_bytes
     return (
         f"{what}; at this share it predicts {gpu_bytes / GIB:.1f} GiB of each GPU, above the {within / GIB:.1f} GiB "
